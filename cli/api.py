@@ -1,0 +1,100 @@
+"""The HTTP side of coordinatorctl: token files, references and calls to the gateway."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.errors import CoordinatorError
+
+_REFERENCE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+TIMEOUT_SECONDS = 30.0
+
+
+def check_reference(option: str, value: str) -> str:
+    """Validate an investigation reference locally, before anything is sent."""
+    if not _REFERENCE.fullmatch(value):
+        raise CoordinatorError(
+            "request.invalid",
+            f"{option} must be 1-128 characters of letters, digits and . _ : / -",
+        )
+    return value
+
+
+def read_token_file(path: Path) -> str:
+    """Read a bearer token from an owner-only file; refuse loose permissions."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        reason = "does not exist" if isinstance(exc, FileNotFoundError) else "cannot be opened"
+        raise CoordinatorError("auth.token-file", f"{path}: token file {reason}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CoordinatorError("auth.token-file", f"{path}: not a regular file")
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise CoordinatorError(
+                "auth.token-file",
+                f"{path}: readable or writable by group or others; use chmod 600",
+            )
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(65537)
+    finally:
+        os.close(fd)
+    try:
+        token = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise CoordinatorError("auth.token-file", f"{path}: not an ASCII token") from None
+    if token.endswith("\n"):
+        token = token[:-1]
+    if not token or len(data) > 65536:
+        raise CoordinatorError("auth.token-file", f"{path}: empty or oversized token file")
+    return token
+
+
+class ApiClient:
+    """A small synchronous client of the gateway; problems become CoordinatorError."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self._base = url.rstrip("/")
+        self._token = token
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON body of a 2xx answer."""
+        all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        all_headers.update(headers or {})
+        try:
+            with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+                response = client.request(
+                    method, self._base + path, json=body, params=params, headers=all_headers
+                )
+        except httpx.HTTPError:
+            raise CoordinatorError(
+                "service.unavailable", f"cannot reach the coordinator at {self._base}"
+            ) from None
+        try:
+            document = response.json()
+        except (ValueError, json.JSONDecodeError):
+            document = None
+        if 200 <= response.status_code < 300:
+            return document
+        if isinstance(document, dict) and isinstance(document.get("code"), str):
+            detail = document.get("detail") or document.get("title") or ""
+            raise CoordinatorError(document["code"], str(detail))
+        raise CoordinatorError(
+            "service.unavailable", f"unexpected HTTP {response.status_code} from the coordinator"
+        )

@@ -1,0 +1,574 @@
+"""coordinatorctl: offline checks, deployment commands and the operator's API client.
+
+Exit codes: 0 success; 1 the command ran and was refused (the last line of standard error
+starts with a ``coordinator.<code>``); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from cli import api, render
+from core import __version__
+from core.errors import CoordinatorError
+
+app = typer.Typer(
+    name="coordinatorctl",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Check, package, deploy and operate Registry Coordinator workflows.",
+)
+workflow_app = typer.Typer(no_args_is_help=True, help="Workflow source commands.")
+keys_app = typer.Typer(no_args_is_help=True, help="Key custody commands.")
+app.add_typer(workflow_app, name="workflow")
+app.add_typer(keys_app, name="keys")
+
+
+RuntimeOpt = Annotated[
+    Path | None, typer.Option("--runtime-config", help="The runtime file.", show_default=False)
+]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Base URL of the coordinator.")]
+TokenOpt = Annotated[
+    Path | None, typer.Option("--token-file", help="File holding an access token (mode 0600).")
+]
+class OutputFormat(str, Enum):
+    """The two output formats."""
+
+    text = "text"
+    json = "json"
+
+
+class TrueFalse(str, Enum):
+    """A boolean spelled as the API spells it."""
+
+    true = "true"
+    false = "false"
+
+
+OutputOpt = Annotated[OutputFormat | None, typer.Option("--output", help="text or json.")]
+RunOpt = Annotated[str, typer.Option("--run", help="The run id.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Investigation reference.")]
+RefOpt = Annotated[str, typer.Option("--recovery-reference", help="Investigation reference.")]
+RemoveOpt = Annotated[
+    list[str] | None,
+    typer.Option("--remove-workflow", help="Remove this workflow from the activation."),
+]
+
+
+@dataclass
+class Globals:
+    """Options that may stand before or after the subcommand."""
+
+    runtime_config: Path | None = None
+    url: str | None = None
+    token_file: Path | None = None
+    output: str = "text"
+
+
+def _globals(
+    ctx: typer.Context,
+    runtime_config: Path | None = None,
+    url: str | None = None,
+    token_file: Path | None = None,
+    output: OutputFormat | None = None,
+) -> Globals:
+    root: Globals = ctx.find_root().obj or Globals()
+    return Globals(
+        runtime_config=runtime_config or root.runtime_config,
+        url=url or root.url,
+        token_file=token_file or root.token_file,
+        output=output.value if output else root.output,
+    )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    runtime_config: RuntimeOpt = None,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Registry Coordinator's command line."""
+    ctx.obj = Globals(runtime_config, url, token_file, output.value if output else "text")
+
+
+def _usage(message: str) -> NoReturn:
+    raise typer.BadParameter(message)
+
+
+def _need_runtime(g: Globals) -> Path:
+    if g.runtime_config is None:
+        _usage("--runtime-config FILE is required for this command")
+    return g.runtime_config
+
+
+def _client(g: Globals) -> api.ApiClient:
+    if not g.url:
+        _usage("--url is required for this command")
+    if g.token_file is None:
+        _usage("--token-file is required for this command")
+    return api.ApiClient(g.url, api.read_token_file(g.token_file))
+
+
+# ---------------------------------------------------------------------------- offline commands
+
+
+@app.command()
+def check(
+    ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
+) -> None:
+    """Validate the runtime file and every listed package, offline."""
+    from core.config.check import check_runtime_file
+
+    g = _globals(ctx, runtime_config, output=output)
+    checked = check_runtime_file(_need_runtime(g))
+    workflows = [
+        {"id": wid, "digest": pkg.digest} for wid, pkg in sorted(checked.packages.items())
+    ]
+    document = {"status": "valid", "namespace": checked.config.namespace, "workflows": workflows}
+    render.emit(document, g.output)
+
+
+@workflow_app.command("check")
+def workflow_check(
+    ctx: typer.Context,
+    source: Annotated[Path, typer.Argument(help="Workflow source directory.")],
+    output: OutputOpt = None,
+) -> None:
+    """Validate a workflow source directory, offline."""
+    from core.workflow.check import check_source_dir
+
+    g = _globals(ctx, output=output)
+    workflow = check_source_dir(source)
+    render.emit(
+        {"status": "valid", "id": workflow.id, "version": workflow.version}, g.output
+    )
+
+
+@app.command()
+def package(
+    ctx: typer.Context,
+    source: Annotated[Path, typer.Argument(help="Workflow source directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the package into.")],
+    output: OutputOpt = None,
+) -> None:
+    """Build a content-addressed package and print its digest."""
+    from core.workflow.package import build_package
+
+    g = _globals(ctx, output=output)
+    built = build_package(source, out)
+    document = {
+        "digest": built.digest,
+        "path": str(built.path),
+        "runtimeTemplate": str(built.runtime_template),
+    }
+    if g.output == "json":
+        render.emit_json(document)
+    else:
+        typer.echo(built.digest)
+        typer.echo(f"package: {built.path}")
+        typer.echo(f"runtime template: {built.runtime_template}")
+
+
+@keys_app.command("fingerprint")
+def keys_fingerprint(
+    ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
+) -> None:
+    """Print the custody fingerprint of each configured key (never the key)."""
+    from core.config.load import load_runtime_file
+    from core.keys import fingerprints
+
+    g = _globals(ctx, runtime_config, output=output)
+    prints = fingerprints(load_runtime_file(_need_runtime(g)))
+    render.emit(prints.to_json(), g.output)
+
+
+# ------------------------------------------------------------------------- database commands
+
+
+def _plan_document(entries: Any) -> dict[str, Any]:
+    return {"workflows": [entry.to_json() for entry in entries]}
+
+
+@app.command()
+def plan(
+    ctx: typer.Context,
+    remove_workflow: RemoveOpt = None,
+    runtime_config: RuntimeOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Say what apply would install, replace, leave unchanged or remove."""
+    from core.config.check import check_runtime_file
+    from core.deploy import plan as run_plan
+
+    g = _globals(ctx, runtime_config, output=output)
+    checked = check_runtime_file(_need_runtime(g))
+    entries = asyncio.run(run_plan(checked, list(remove_workflow or [])))
+    if g.output == "json":
+        render.emit_json(_plan_document(entries))
+    else:
+        render.emit(_plan_document(entries)["workflows"], "text", columns=_PLAN_COLUMNS)
+
+
+_PLAN_COLUMNS = ("id", "action", "activeDigest", "plannedDigest")
+
+
+@app.command()
+def apply(
+    ctx: typer.Context,
+    remove_workflow: RemoveOpt = None,
+    runtime_config: RuntimeOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Migrate the schema, grant roles and record the active packages."""
+    from core.config.check import check_runtime_file
+    from core.deploy import apply as run_apply
+
+    g = _globals(ctx, runtime_config, output=output)
+    checked = check_runtime_file(_need_runtime(g))
+    entries = asyncio.run(run_apply(checked, list(remove_workflow or [])))
+    if g.output == "json":
+        render.emit_json(_plan_document(entries))
+    else:
+        render.emit(_plan_document(entries)["workflows"], "text", columns=_PLAN_COLUMNS)
+        typer.echo("applied")
+
+
+@app.command("deployment-status")
+def deployment_status(
+    ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
+) -> None:
+    """Verify the activation with the runtime credential and report it."""
+    from core.config.check import check_runtime_file
+    from core.deploy import status as run_status
+
+    g = _globals(ctx, runtime_config, output=output)
+    checked = check_runtime_file(_need_runtime(g))
+    report = asyncio.run(run_status(checked))
+    render.emit(report.to_json(), g.output)
+
+
+# ------------------------------------------------------------------------------ API commands
+
+
+def _api_opts(
+    ctx: typer.Context, url: str | None, token_file: Path | None, output: OutputFormat | None
+) -> tuple[api.ApiClient, Globals]:
+    g = _globals(ctx, url=url, token_file=token_file, output=output)
+    return _client(g), g
+
+
+_RUN_COLUMNS = ("runId", "workflow", "state", "outcome", "attention", "createdAt")
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context, url: UrlOpt = None, token_file: TokenOpt = None, output: OutputOpt = None
+) -> None:
+    """The deployment's doctor report."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    render.emit(client.request("GET", "/v1/operator/doctor"), g.output)
+
+
+@app.command("list")
+def list_runs(
+    ctx: typer.Context,
+    attention: Annotated[TrueFalse | None, typer.Option("--attention")] = None,
+    state: Annotated[str | None, typer.Option("--state")] = None,
+    workflow: Annotated[str | None, typer.Option("--workflow")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=100)] = None,
+    cursor: Annotated[str | None, typer.Option("--cursor")] = None,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Runs, newest first (20 by default, at most 100)."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    params = {
+        name: str(value)
+        for name, value in (
+            ("attention", attention.value if attention else None),
+            ("state", state),
+            ("workflow", workflow),
+            ("limit", limit),
+            ("cursor", cursor),
+        )
+        if value is not None
+    }
+    body = client.request("GET", "/v1/runs", params=params)
+    if g.output == "json":
+        render.emit_json(body)
+        return
+    rows = [
+        {**run, "workflow": (run.get("workflow") or {}).get("id")} for run in body.get("runs", [])
+    ]
+    typer.echo(render.table(rows, _RUN_COLUMNS))
+    typer.echo(f"nextCursor: {body.get('nextCursor') or '-'}")
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    run: RunOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """One run's status."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}"), g.output)
+
+
+@app.command()
+def inspect(
+    ctx: typer.Context,
+    run: RunOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """One run's steps, effects and waits (never payloads)."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}/inspection"), g.output)
+
+
+def _path_segment(value: str) -> str:
+    if not value or any(ch in value for ch in "/?#%") or len(value) > 255:
+        raise CoordinatorError("request.invalid", "--run is not a run id")
+    return value
+
+
+def default_idempotency_key(workflow: str, input_bytes: bytes) -> str:
+    """A key derived from what is started, so repeating the same command starts nothing new."""
+    digest = hashlib.sha256(workflow.encode() + b"\n" + input_bytes).hexdigest()
+    return f"ctl-{digest[:40]}"
+
+
+@app.command()
+def start(
+    ctx: typer.Context,
+    workflow: Annotated[str, typer.Option("--workflow", help="Workflow id.")],
+    input_file: Annotated[Path, typer.Option("--input-file", help="JSON file with the input.")],
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Defaults to a hash of workflow and input."),
+    ] = None,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Start a run of a workflow."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    try:
+        raw = input_file.read_bytes()
+        document = json.loads(raw)
+    except OSError:
+        raise CoordinatorError("request.invalid", f"{input_file}: cannot be read") from None
+    except ValueError:
+        raise CoordinatorError("request.invalid", f"{input_file}: not JSON") from None
+    key = idempotency_key or default_idempotency_key(workflow, raw)
+    if not (1 <= len(key) <= 255) or not all(33 <= ord(ch) <= 126 for ch in key):
+        raise CoordinatorError("request.invalid", "--idempotency-key must be 1-255 visible ASCII")
+    body = client.request(
+        "POST",
+        f"/v1/workflows/{_path_segment(workflow)}/runs",
+        body={"input": document},
+        headers={"Idempotency-Key": key},
+    )
+    render.emit(body, g.output)
+
+
+def _run_action(ctx: typer.Context, action: str, run: str, reason: str, g_opts: Any) -> None:
+    url, token_file, output = g_opts
+    api.check_reference("--reason", reason)
+    client, g = _api_opts(ctx, url, token_file, output)
+    body = client.request("POST", f"/v1/runs/{_path_segment(run)}/{action}", body={"reason": reason})
+    render.emit(body, g.output)
+
+
+@app.command()
+def reconcile(
+    ctx: typer.Context,
+    run: RunOpt,
+    reason: ReasonOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Ask the product for its receipt of an uncertain command."""
+    _run_action(ctx, "reconcile", run, reason, (url, token_file, output))
+
+
+@app.command("retry-same")
+def retry_same(
+    ctx: typer.Context,
+    run: RunOpt,
+    reason: ReasonOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Resend an uncertain command with its original key."""
+    _run_action(ctx, "retry-same", run, reason, (url, token_file, output))
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    run: RunOpt,
+    reason: ReasonOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Cancel a run (its onCancel path runs where one exists)."""
+    _run_action(ctx, "cancel", run, reason, (url, token_file, output))
+
+
+def _instant(value: str) -> str:
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise CoordinatorError("request.invalid", "--before must be an RFC 3339 instant") from None
+    if parsed.tzinfo is None:
+        raise CoordinatorError("request.invalid", "--before needs a time zone offset or Z")
+    return value
+
+
+@app.command()
+def retain(
+    ctx: typer.Context,
+    before: Annotated[str, typer.Option("--before", help="RFC 3339 cutoff.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100)],
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Erase the payloads of runs that ended before the cutoff."""
+    client, g = _api_opts(ctx, url, token_file, output)
+    body = client.request(
+        "POST", "/v1/operator/retain", body={"before": _instant(before), "limit": limit}
+    )
+    render.emit(body, g.output)
+
+
+def _operator_action(
+    ctx: typer.Context, route: str, body: dict[str, Any], g_opts: Any
+) -> None:
+    url, token_file, output = g_opts
+    client, g = _api_opts(ctx, url, token_file, output)
+    render.emit(client.request("POST", f"/v1/operator/{route}", body=body), g.output)
+
+
+@app.command("restore-hold")
+def restore_hold(
+    ctx: typer.Context,
+    reason: ReasonOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Hold execution and admissions after a restore."""
+    api.check_reference("--reason", reason)
+    _operator_action(ctx, "restore-hold", {"reason": reason}, (url, token_file, output))
+
+
+@app.command("release-restore-hold")
+def release_restore_hold(
+    ctx: typer.Context,
+    reason: ReasonOpt,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Release the execution hold once held work is resolved."""
+    api.check_reference("--reason", reason)
+    _operator_action(ctx, "release-restore-hold", {"reason": reason}, (url, token_file, output))
+
+
+def _attested(flag: bool, name: str) -> None:
+    if not flag:
+        _usage(f"{name} is required: it records your statement")
+
+
+@app.command("complete-execution-recovery")
+def complete_execution_recovery(
+    ctx: typer.Context,
+    recovery_reference: RefOpt,
+    execution_history_complete: Annotated[
+        bool, typer.Option("--execution-history-complete")
+    ] = False,
+    prior_deployment_fenced: Annotated[bool, typer.Option("--prior-deployment-fenced")] = False,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Attest that the execution history after the backup is established."""
+    api.check_reference("--recovery-reference", recovery_reference)
+    _attested(execution_history_complete, "--execution-history-complete")
+    _attested(prior_deployment_fenced, "--prior-deployment-fenced")
+    body = {
+        "recoveryReference": recovery_reference,
+        "executionHistoryComplete": True,
+        "priorDeploymentFenced": True,
+    }
+    _operator_action(ctx, "complete-execution-recovery", body, (url, token_file, output))
+
+
+@app.command("release-admission-hold")
+def release_admission_hold(
+    ctx: typer.Context,
+    recovery_reference: RefOpt,
+    admission_history_complete: Annotated[
+        bool, typer.Option("--admission-history-complete")
+    ] = False,
+    prior_deployment_fenced: Annotated[bool, typer.Option("--prior-deployment-fenced")] = False,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Reopen admissions once every spent key is established."""
+    api.check_reference("--recovery-reference", recovery_reference)
+    _attested(admission_history_complete, "--admission-history-complete")
+    _attested(prior_deployment_fenced, "--prior-deployment-fenced")
+    body = {
+        "recoveryReference": recovery_reference,
+        "admissionHistoryComplete": True,
+        "priorDeploymentFenced": True,
+    }
+    _operator_action(ctx, "release-admission-hold", body, (url, token_file, output))
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Entry point: usage errors exit 2 (typer), refusals exit 1 with a coordinator.* line."""
+    try:
+        app(args=argv, prog_name="coordinatorctl")
+    except CoordinatorError as exc:
+        sys.stderr.write(exc.cli_line() + "\n")
+        sys.exit(1)
+    except Exception as exc:  # the last line must still be a code, never a traceback
+        sys.stderr.write(f"coordinator.internal: unexpected {type(exc).__name__}\n")
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,307 @@
+"""coordinatorctl basics: version, exit codes, error lines, token files, references, output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.main import default_idempotency_key, main
+from core import __version__
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+class Recorder:
+    """A stand-in gateway for the client side only: records requests, answers scripted bodies."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.answer: tuple[int, str, dict[str, Any]] = (200, "application/json", {})
+
+
+@pytest.fixture
+def gateway() -> Iterator[tuple[str, Recorder]]:
+    recorder = Recorder()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            recorder.requests.append(
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": dict(self.headers),
+                    "body": json.loads(body) if body else None,
+                }
+            )
+            status, content_type, document = recorder.answer
+            data = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = _handle
+        do_POST = _handle
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", recorder
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "operator-token"
+    path.write_text("header.payload.signature\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_both_scripts_print_the_same_version() -> None:
+    ctl = subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main(['--version'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    svc = subprocess.run(
+        [sys.executable, "-c", "from core.launcher import main; main(['--version'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert ctl.stdout.strip() == svc.stdout.strip() == __version__
+
+
+def test_no_arguments_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run_cli([], capsys)
+    assert code == 2
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run_cli(["doctor", "--token", "abc"], capsys)
+    assert code == 2
+
+
+def test_api_command_without_url_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], token_file: Path
+) -> None:
+    code, _, _ = run_cli(["doctor", "--token-file", str(token_file)], capsys)
+    assert code == 2
+
+
+@pytest.mark.parametrize("defect", ["missing", "empty", "group-readable", "world-readable"])
+def test_token_file_defects_are_refused(
+    defect: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder]
+) -> None:
+    url, recorder = gateway
+    path = tmp_path / "token"
+    if defect != "missing":
+        path.write_text("" if defect == "empty" else "abc\n")
+        path.chmod({"empty": 0o600, "group-readable": 0o640, "world-readable": 0o604}[defect])
+    code, _, err = run_cli(["doctor", "--url", url, "--token-file", str(path)], capsys)
+    assert code == 1
+    assert last_line(err).startswith("coordinator.auth.token-file:")
+    assert recorder.requests == []
+
+
+def test_token_is_sent_without_its_trailing_newline(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (200, "application/json", {"activationReady": True})
+    code, out, _ = run_cli(
+        ["doctor", "--url", url, "--token-file", str(token_file), "--output", "json"], capsys
+    )
+    assert code == 0
+    assert json.loads(out) == {"activationReady": True}
+    assert recorder.requests[0]["headers"]["Authorization"] == "Bearer header.payload.signature"
+    assert recorder.requests[0]["path"] == "/v1/operator/doctor"
+
+
+def test_options_are_accepted_before_the_subcommand(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (200, "application/json", {"runs": [], "nextCursor": None})
+    code, out, _ = run_cli(
+        ["--url", url, "--token-file", str(token_file), "--output", "json", "list", "--limit", "5"],
+        capsys,
+    )
+    assert code == 0
+    assert json.loads(out) == {"runs": [], "nextCursor": None}
+    assert recorder.requests[0]["path"] == "/v1/runs?limit=5"
+
+
+def test_problem_becomes_a_prefixed_code_and_exit_1(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (
+        409,
+        "application/problem+json",
+        {"code": "execution.held", "status": 409, "title": "held", "detail": "restore hold"},
+    )
+    code, _, err = run_cli(
+        ["retry-same", "--run", "r1", "--reason", "inc-1", "--url", url, "--token-file",
+         str(token_file)],
+        capsys,
+    )
+    assert code == 1
+    assert last_line(err) == "coordinator.execution.held: restore hold"
+    assert recorder.requests[0]["body"] == {"reason": "inc-1"}
+
+
+@pytest.mark.parametrize("reason", ["has space", "mail@example.org", "x" * 129, ""])
+def test_bad_reasons_are_refused_before_sending(
+    reason: str,
+    capsys: pytest.CaptureFixture[str],
+    gateway: tuple[str, Recorder],
+    token_file: Path,
+) -> None:
+    url, recorder = gateway
+    code, _, err = run_cli(
+        ["cancel", "--run", "r1", "--reason", reason, "--url", url, "--token-file",
+         str(token_file)],
+        capsys,
+    )
+    assert code == 1
+    assert last_line(err).startswith("coordinator.request.invalid:")
+    assert reason not in last_line(err) or reason == ""
+    assert recorder.requests == []
+
+
+def test_bad_recovery_reference_is_refused_before_sending(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    code, _, err = run_cli(
+        ["release-admission-hold", "--recovery-reference", "a b", "--admission-history-complete",
+         "--prior-deployment-fenced", "--url", url, "--token-file", str(token_file)],
+        capsys,
+    )
+    assert code == 1
+    assert last_line(err).startswith("coordinator.request.invalid:")
+    assert recorder.requests == []
+
+
+def test_attestations_are_required(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    code, _, _ = run_cli(
+        ["complete-execution-recovery", "--recovery-reference", "inc-7",
+         "--execution-history-complete", "--url", url, "--token-file", str(token_file)],
+        capsys,
+    )
+    assert code == 2
+    assert recorder.requests == []
+
+
+def test_start_sends_input_and_a_stable_default_key(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    gateway: tuple[str, Recorder],
+    token_file: Path,
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (201, "application/json", {"runId": "r-1", "state": "running"})
+    input_file = tmp_path / "input.json"
+    input_file.write_text('{"applicationId": "APP-1"}')
+    args = ["start", "--workflow", "approval-notice", "--input-file", str(input_file), "--url",
+            url, "--token-file", str(token_file), "--output", "json"]
+    assert run_cli(args, capsys)[0] == 0
+    assert run_cli(args, capsys)[0] == 0
+    first, second = recorder.requests
+    assert first["path"] == "/v1/workflows/approval-notice/runs"
+    assert first["body"] == {"input": {"applicationId": "APP-1"}}
+    key = first["headers"]["Idempotency-Key"]
+    assert key == second["headers"]["Idempotency-Key"]
+    assert key == default_idempotency_key("approval-notice", input_file.read_bytes())
+    assert key != default_idempotency_key("approval-notice", b'{"applicationId": "APP-2"}')
+
+
+def test_unreachable_coordinator_is_a_refusal_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], token_file: Path
+) -> None:
+    code, _, err = run_cli(
+        ["status", "--run", "r1", "--url", "http://127.0.0.1:9", "--token-file", str(token_file)],
+        capsys,
+    )
+    assert code == 1
+    assert last_line(err).startswith("coordinator.service.unavailable:")
+    assert "Traceback" not in err
+
+
+def test_retain_validates_the_cutoff_locally(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    code, _, err = run_cli(
+        ["retain", "--before", "2026-07-01", "--limit", "10", "--url", url, "--token-file",
+         str(token_file)],
+        capsys,
+    )
+    assert code == 1
+    assert last_line(err).startswith("coordinator.request.invalid:")
+    code, _, _ = run_cli(
+        ["retain", "--before", "2026-07-01T00:00:00Z", "--limit", "101", "--url", url,
+         "--token-file", str(token_file)],
+        capsys,
+    )
+    assert code == 2
+    assert recorder.requests == []
+
+
+def test_text_output_of_a_run_list_is_a_table(
+    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (
+        200,
+        "application/json",
+        {
+            "runs": [
+                {"runId": "r-2", "workflow": {"id": "approval-notice"}, "state": "held",
+                 "attention": True, "createdAt": "2026-12-01T10:00:00Z"}
+            ],
+            "nextCursor": "c2",
+        },
+    )
+    code, out, _ = run_cli(["list", "--attention", "true", "--url", url, "--token-file",
+                            str(token_file)], capsys)
+    assert code == 0
+    header, row, cursor = out.strip().splitlines()
+    assert header.split() == ["runId", "workflow", "state", "outcome", "attention", "createdAt"]
+    assert row.split() == ["r-2", "approval-notice", "held", "-", "true", "2026-12-01T10:00:00Z"]
+    assert cursor == "nextCursor: c2"
+    assert recorder.requests[0]["path"] == "/v1/runs?attention=true"
