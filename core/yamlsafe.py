@@ -7,6 +7,7 @@ strings so that instants are checked by our own rules, not by YAML's resolver.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,16 +19,23 @@ from core.paths import index, key
 ErrorFactory = Callable[[str, str], CoordinatorError]
 
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_BOOL = "tag:yaml.org,2002:bool"
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader without the timestamp resolver."""
+    """SafeLoader without the timestamp resolver and with YAML 1.2 booleans only."""
 
 
+# YAML 1.1 reads yes/no/on/off as booleans (`country: no` becomes false); only the
+# spellings true/false (any case) are booleans here, everything else stays a string.
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _TIMESTAMP]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_TIMESTAMP, _BOOL)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+for _first in "tTfF":
+    _StrictLoader.yaml_implicit_resolvers.setdefault(_first, []).append(
+        (_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"))
+    )
 
 
 def _line(event: Any) -> int:
