@@ -1,0 +1,387 @@
+"""The runtime file as typed, frozen records (CONTRACT §5).
+
+Every record here has passed the loader's checks: types, unknown keys, bounds and the rules
+that need nothing but the file itself. Paths are absolute (relative ones were resolved
+against the directory holding the runtime file). Secret values never appear: only
+:class:`core.secrets.SecretRef` references.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from core.secrets import SecretRef
+from core.workflow.package import VerifiedPackage
+
+CASEWORK: Final = "casework-review-producer"
+MESSAGING: Final = "messaging"
+SCHEDULING: Final = "scheduling"
+BREG_ACTION: Final = "breg-action"
+CONNECTION_TYPES: Final = (CASEWORK, MESSAGING, SCHEDULING, BREG_ACTION)
+"""Every connection type a runtime file may declare."""
+
+RUN_ACTIONS: Final = ("start", "status", "inspect", "retry-same", "cancel", "reconcile")
+"""Actions on runs, scoped by a policy's ``workflows``."""
+
+DEPLOYMENT_ACTIONS: Final = (
+    "doctor",
+    "restore-hold",
+    "release-restore-hold",
+    "release-admission-hold",
+    "complete-execution-recovery",
+    "retain",
+)
+"""Actions on the whole deployment; they need ``operator: true``."""
+
+TLS_TERMINATION: Final = "operator-controlled-upstream"
+"""The only accepted ``listener.tlsTermination``."""
+
+DEFAULT_CLOCK_SKEW_SECONDS: Final = 60
+DEFAULT_RESULT_CHECK_SECONDS: Final = 900
+DEFAULT_ALGORITHMS: Final = ("RS256", "ES256")
+
+INTERNAL_COMPONENTS: Final = ("admission", "dispatcher", "recovery", "auditd")
+"""Components that may be given an internal TCP address."""
+REQUIRED_INTERNAL_COMPONENTS: Final = ("admission", "recovery", "auditd")
+"""Components whose address must be given when ``internal.addresses`` is used."""
+
+
+@dataclass(frozen=True)
+class FileProvider:
+    """``secretProviders.file``."""
+
+    root: Path
+    """Folder whose direct children are the ``secret:file/<name>`` files."""
+
+
+@dataclass(frozen=True)
+class SecretProviders:
+    """``secretProviders``: where references resolve."""
+
+    file: FileProvider | None
+    """The file provider, or ``None`` when ``secret:file/`` references are not allowed."""
+    environment: bool
+    """True when ``environment: {}`` is present and ``secret:env/`` references are allowed."""
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """``database``: how the coordinator reaches PostgreSQL."""
+
+    runtime_url_ref: SecretRef
+    """Text secret: the runtime role's connection URL (TLS required)."""
+    migration_url_ref: SecretRef
+    """Text secret: the migration role's URL; only ``apply`` reads it."""
+    trusted_root_certificate_ref: SecretRef | None
+    """Text secret: a PEM root to verify the server with instead of the system roots."""
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """``eventSources.<name>``: a trusted producer of signed events that start runs."""
+
+    name: str
+    """The key under ``eventSources``."""
+    source: str
+    """The events' ``source`` attribute; unique across event sources."""
+    signing_key_ref: SecretRef
+    """Binary secret, at least 32 bytes: the HMAC-SHA-256 key of the signatures."""
+    workflow: str
+    """Id of the packaged workflow its events start."""
+
+
+@dataclass(frozen=True)
+class PackagePin:
+    """``deployment.packages[i]``."""
+
+    root: Path
+    """The package folder (absolute)."""
+    expected_digest: str
+    """``sha256:`` + 64 lowercase hex digits."""
+
+
+@dataclass(frozen=True)
+class BindAddress:
+    """A ``host:port`` to listen on; ``host`` is an IP literal or ``localhost``."""
+
+    host: str
+    """The host as written, without IPv6 brackets."""
+    port: int
+    """1..65535."""
+
+    @property
+    def address(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        """The IP address (``localhost`` is 127.0.0.1)."""
+        return ipaddress.ip_address("127.0.0.1" if self.host == "localhost" else self.host)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """``deployment.listener``: the public HTTP listener."""
+
+    bind: BindAddress
+    """Private, loopback or link-local address and port."""
+    tls_termination: str
+    """Always ``operator-controlled-upstream``."""
+    public_url: str | None
+    """The URL clients use, for problem ``instance`` and completion URLs; optional."""
+
+
+@dataclass(frozen=True)
+class MetricsListener:
+    """``deployment.metricsListener``: where ``/metrics`` is served."""
+
+    bind: BindAddress
+    """Private, loopback or link-local address and port, not the main listener's."""
+
+
+@dataclass(frozen=True)
+class InternalTls:
+    """``deployment.internal.tls``: mutual TLS for the internal gRPC channel."""
+
+    certificate_ref: SecretRef
+    """Text secret: this host's PEM certificate (chain)."""
+    private_key_ref: SecretRef
+    """Text secret: the PEM private key of that certificate."""
+    trusted_root_certificate_ref: SecretRef
+    """Text secret: the PEM root peers' certificates must chain to."""
+
+
+@dataclass(frozen=True)
+class Internal:
+    """``deployment.internal``: either a socket folder or TCP addresses with mutual TLS."""
+
+    socket_dir: Path | None
+    """Folder for the components' Unix sockets (absolute), or ``None`` with addresses."""
+    addresses: Mapping[str, BindAddress]
+    """Component name → TCP address; empty with ``socket_dir``."""
+    tls: InternalTls | None
+    """Present exactly when ``addresses`` is used."""
+
+
+@dataclass(frozen=True)
+class SigningKeys:
+    """``deployment.authentication.signingKeys``: exactly one of the two is set."""
+
+    jwks_url: str | None
+    """The issuer's JWKS URL."""
+    jwks_ref: SecretRef | None
+    """Text secret: a JWKS document kept locally instead of fetched."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``deployment.authentication.policies.<client_id>``."""
+
+    client_id: str
+    """The verified ``client_id`` claim this policy applies to."""
+    operator: bool
+    """True for operators: they act on every run of their workflows."""
+    workflows: tuple[str, ...] | None
+    """Workflow ids scoping the run actions; ``None`` when the key is absent."""
+    actions: tuple[str, ...]
+    """Allowed actions, run actions and deployment-wide actions."""
+
+
+@dataclass(frozen=True)
+class Authentication:
+    """``deployment.authentication``: how callers' access tokens are verified."""
+
+    issuer: str
+    """Expected ``iss``, compared exactly; https (or http to a loopback host)."""
+    audience: str
+    """A value the token's ``aud`` must contain."""
+    signing_keys: SigningKeys
+    """Where the issuer's public keys come from."""
+    algorithms: tuple[str, ...]
+    """Allowed JWS algorithms (asymmetric only); default RS256 and ES256."""
+    clock_skew_seconds: int
+    """Leeway for ``exp``/``iat``/``nbf``, 0..300; default 60."""
+    policies: Mapping[str, Policy]
+    """Policies keyed by ``client_id``."""
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """``deployment.stateKeys[i]``: one version of the payload state key."""
+
+    version: int
+    """Positive, unique."""
+    ref: SecretRef
+    """32-byte key secret."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """``deployment``: identity, packages, listeners, authentication and keys."""
+
+    database_id: str
+    """UUID, lowercase, the deployment's durable identity."""
+    runtime_role: str
+    """PostgreSQL role the service connects as."""
+    packages: tuple[PackagePin, ...]
+    """1..16 pinned packages."""
+    listener: Listener
+    """The public HTTP listener."""
+    metrics_listener: MetricsListener | None
+    """The metrics listener, if any."""
+    internal: Internal | None
+    """The internal channel, or ``None`` for the default socket folder."""
+    authentication: Authentication
+    """Token verification and policies."""
+    audit_file: Path
+    """The audit journal (absolute)."""
+    audit_key_ref: SecretRef
+    """32-byte key for keyed references in the journal."""
+    state_keys: tuple[StateKey, ...]
+    """Every configured state key version, in file order."""
+    active_state_key: int
+    """The version new writes use."""
+    admission_key_ref: SecretRef
+    """32-byte key deriving start identities, run ids and command keys."""
+
+
+@dataclass(frozen=True)
+class ConnectionAuthorization:
+    """``connections.<name>.authorization``: the connection's OAuth client."""
+
+    client_id: str
+    """The client id at the deployment's issuer."""
+    signing_key_ref: SecretRef
+    """Private JWK (RS256 or ES256) for ``private_key_jwt`` client authentication."""
+    scopes: tuple[str, ...]
+    """Scopes requested for this connection's tokens."""
+    audience: str | None
+    """Token ``resource``; ``None`` means the connection's ``baseUrl``."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """``connections.<name>.completion``: Casework completion events for this connection."""
+
+    recipient_binding: str
+    """Value of the ``registry-recipient-binding`` header; unique per deployment."""
+    bearer_token_ref: SecretRef
+    """Text secret (at most 4096 bytes): the bearer token Casework presents."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """``connections.<name>``: a typed link to one downstream product."""
+
+    name: str
+    """The key under ``connections``, as workflows name it."""
+    type: str
+    """One of :data:`CONNECTION_TYPES`."""
+    base_url: str
+    """Product base URL; https (or http to a loopback host)."""
+    profile: str
+    """The product-side profile, project or register the calls act under."""
+    authorization: ConnectionAuthorization
+    """The OAuth client this connection calls as."""
+    producer: str | None
+    """Casework only: the key under the project's ``trustedProducers``."""
+    completion: Completion | None
+    """Casework only, optional: completion events."""
+    result_check_seconds: int | None
+    """Casework only: seconds between review result reads, 60..86400 (default 900)."""
+
+    @property
+    def token_audience(self) -> str:
+        """The ``resource`` requested for this connection's tokens."""
+        return self.authorization.audience or self.base_url
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """A whole runtime file."""
+
+    path: Path
+    """The runtime file (absolute)."""
+    namespace: str
+    """The SQL schema of this deployment."""
+    secret_providers: SecretProviders
+    """Where references resolve."""
+    database: DatabaseSettings
+    """Database URLs and trust."""
+    event_sources: Mapping[str, EventSource]
+    """Signed event producers by name (empty when absent)."""
+    deployment: Deployment
+    """The deployment block."""
+    connections: Mapping[str, Connection]
+    """Connections by name (empty when absent)."""
+
+    def secret_refs(self) -> tuple[tuple[str, SecretRef], ...]:
+        """Every reference with its key path, in file order (for custody and fingerprints)."""
+        refs: list[tuple[str, SecretRef]] = [
+            ("database.runtimeUrlRef", self.database.runtime_url_ref),
+            ("database.migrationUrlRef", self.database.migration_url_ref),
+        ]
+        if self.database.trusted_root_certificate_ref is not None:
+            refs.append(
+                ("database.trustedRootCertificateRef", self.database.trusted_root_certificate_ref)
+            )
+        for name, event_source in self.event_sources.items():
+            refs.append((f"eventSources.{name}.signingKeyRef", event_source.signing_key_ref))
+        dep = self.deployment
+        tls = dep.internal.tls if dep.internal is not None else None
+        if tls is not None:
+            refs.append(("deployment.internal.tls.certificateRef", tls.certificate_ref))
+            refs.append(("deployment.internal.tls.privateKeyRef", tls.private_key_ref))
+            refs.append(
+                (
+                    "deployment.internal.tls.trustedRootCertificateRef",
+                    tls.trusted_root_certificate_ref,
+                )
+            )
+        if dep.authentication.signing_keys.jwks_ref is not None:
+            refs.append(
+                (
+                    "deployment.authentication.signingKeys.jwksRef",
+                    dep.authentication.signing_keys.jwks_ref,
+                )
+            )
+        refs.append(("deployment.auditKeyRef", dep.audit_key_ref))
+        for position, state_key in enumerate(dep.state_keys):
+            refs.append((f"deployment.stateKeys[{position}].ref", state_key.ref))
+        refs.append(("deployment.admissionKeyRef", dep.admission_key_ref))
+        for name, connection in self.connections.items():
+            refs.append(
+                (
+                    f"connections.{name}.authorization.signingKeyRef",
+                    connection.authorization.signing_key_ref,
+                )
+            )
+            if connection.completion is not None:
+                refs.append(
+                    (
+                        f"connections.{name}.completion.bearerTokenRef",
+                        connection.completion.bearer_token_ref,
+                    )
+                )
+        return tuple(refs)
+
+    def state_key(self, version: int) -> StateKey | None:
+        """The configured state key of ``version``, if any."""
+        for state_key in self.deployment.state_keys:
+            if state_key.version == version:
+                return state_key
+        return None
+
+
+@dataclass(frozen=True)
+class CheckedDeployment:
+    """A runtime file whose every rule holds and whose packages matched their digests."""
+
+    config: RuntimeConfig
+    """The loaded runtime file."""
+    packages: Mapping[str, VerifiedPackage]
+    """Verified packages by workflow id, in the order the file lists them."""

@@ -1,0 +1,219 @@
+"""A complete, valid runtime file for tests, as a plain document to mutate and write.
+
+``complete_runtime(directory)`` builds three packages under ``directory/packages`` and
+returns a document that uses every section of the runtime file: both secret providers,
+event sources, a metrics listener, an internal socket folder, the three kinds of policy,
+two state key versions and connections of all four types (two of them Casework, each with a
+completion block). The secret root ``directory/secrets`` is not created: nothing that
+checks the file may need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.helpers.packages import make_package
+
+DATABASE_ID = "5b8e3c1e-7d2a-4c1f-9a57-0b8f1a2d9c44"
+
+
+def complete_runtime(directory: Path) -> dict[str, Any]:
+    """A valid runtime document whose packages live under ``directory/packages``."""
+    packages = directory / "packages"
+    approval = make_package(
+        packages,
+        "approval-notice",
+        {"review": "casework-review-producer", "notices": "messaging"},
+    )
+    booking = make_package(
+        packages, "slot-booking", {"slots": "scheduling", "register": "breg-action"}
+    )
+    escalation = make_package(packages, "escalation", {"escalation": "casework-review-producer"})
+    return {
+        "namespace": "coordinator_test",
+        "secretProviders": {"file": {"root": "secrets"}, "environment": {}},
+        "database": {
+            "runtimeUrlRef": "secret:file/runtime-db-url",
+            "migrationUrlRef": "secret:env/COORDINATOR_MIGRATION_URL",
+            "trustedRootCertificateRef": "secret:file/db-root.pem",
+        },
+        "eventSources": {
+            "intake": {
+                "source": "https://intake.example.org/applications",
+                "signingKeyRef": "secret:file/intake-event-hmac",
+                "workflow": "approval-notice",
+            },
+            "bookings": {
+                "source": "urn:example:bookings",
+                "signingKeyRef": "secret:file/bookings-event-hmac",
+                "workflow": "slot-booking",
+            },
+        },
+        "deployment": {
+            "databaseId": DATABASE_ID,
+            "runtimeRole": "coordinator_runtime",
+            "packages": [
+                {"root": str(approval[0]), "expectedDigest": approval[1]},
+                {"root": "packages/slot-booking-1.0.0", "expectedDigest": booking[1]},
+                {"root": str(escalation[0]), "expectedDigest": escalation[1]},
+            ],
+            "listener": {
+                "bind": "127.0.0.1:8108",
+                "tlsTermination": "operator-controlled-upstream",
+                "publicUrl": "https://coordinator.example.org",
+            },
+            "metricsListener": {"bind": "10.1.2.3:9108"},
+            "internal": {"socketDir": "sockets"},
+            "authentication": {
+                "issuer": "https://issuer.example.org",
+                "audience": "https://coordinator.example.org",
+                "signingKeys": {"jwksUrl": "https://issuer.example.org/jwks"},
+                "algorithms": ["RS256", "ES256"],
+                "clockSkewSeconds": 30,
+                "policies": {
+                    "intake-portal": {
+                        "workflows": ["approval-notice"],
+                        "actions": ["start", "status"],
+                    },
+                    "case-operators": {
+                        "operator": True,
+                        "workflows": ["approval-notice", "slot-booking"],
+                        "actions": ["inspect", "status", "retry-same", "cancel", "reconcile"],
+                    },
+                    "platform-operators": {
+                        "operator": True,
+                        "actions": [
+                            "doctor",
+                            "restore-hold",
+                            "release-restore-hold",
+                            "release-admission-hold",
+                            "complete-execution-recovery",
+                            "retain",
+                        ],
+                    },
+                },
+            },
+            "auditFile": "audit/audit.jsonl",
+            "auditKeyRef": "secret:file/audit-key",
+            "stateKeys": [
+                {"version": 1, "ref": "secret:file/state-key-1"},
+                {"version": 2, "ref": "secret:file/state-key-2"},
+            ],
+            "activeStateKey": 2,
+            "admissionKeyRef": "secret:file/admission-key",
+        },
+        "connections": {
+            "review": {
+                "type": "casework-review-producer",
+                "baseUrl": "https://casework.internal.example.org",
+                "profile": "licensing-reviews",
+                "producer": "coordinator",
+                "authorization": {
+                    "clientId": "coordinator-review",
+                    "signingKeyRef": "secret:file/review-client.jwk",
+                    "scopes": ["review-requests:write", "review-requests:read"],
+                    "audience": "https://casework.internal.example.org",
+                },
+                "completion": {
+                    "recipientBinding": "coordinator-v1",
+                    "bearerTokenRef": "secret:file/review-completion-token",
+                },
+                "resultCheckSeconds": 600,
+            },
+            "escalation": {
+                "type": "casework-review-producer",
+                "baseUrl": "https://casework.internal.example.org",
+                "profile": "escalations",
+                "producer": "coordinator",
+                "authorization": {
+                    "clientId": "coordinator-escalation",
+                    "signingKeyRef": "secret:file/escalation-client.jwk",
+                    "scopes": ["review-requests:write", "review-requests:read"],
+                },
+                "completion": {
+                    "recipientBinding": "coordinator-escalation-v1",
+                    "bearerTokenRef": "secret:file/escalation-completion-token",
+                },
+            },
+            "notices": {
+                "type": "messaging",
+                "baseUrl": "https://messaging.internal.example.org",
+                "profile": "applicant-notices",
+                "authorization": {
+                    "clientId": "coordinator-notices",
+                    "signingKeyRef": "secret:file/notices-client.jwk",
+                    "scopes": ["messages:send", "receipts:read"],
+                },
+            },
+            "slots": {
+                "type": "scheduling",
+                "baseUrl": "https://scheduling.internal.example.org/api",
+                "profile": "appointments",
+                "authorization": {
+                    "clientId": "coordinator-slots",
+                    "signingKeyRef": "secret:file/slots-client.jwk",
+                    "scopes": ["bookings:write"],
+                },
+            },
+            "register": {
+                "type": "breg-action",
+                "baseUrl": "https://breg.internal.example.org",
+                "profile": "licences",
+                "authorization": {
+                    "clientId": "coordinator-register",
+                    "signingKeyRef": "secret:file/register-client.jwk",
+                    "scopes": ["actions:submit"],
+                },
+            },
+        },
+    }
+
+
+def write_runtime(path: Path, document: Any) -> Path:
+    """Write ``document`` as YAML to ``path`` and return the path."""
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# -- mutations: small edits of a runtime document, for refusal tests ----------------------
+
+Mutation = Callable[[dict[str, Any], Path], None]
+"""Edits a runtime document in place; the path is the test's folder (for extra packages)."""
+
+
+def _walk(document: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        document = document[part]
+    return document
+
+
+def put(path: tuple[Any, ...], value: Any) -> Mutation:
+    """Set the value at ``path`` (keys and list positions), creating the last key."""
+
+    def mutate(document: dict[str, Any], _: Path) -> None:
+        _walk(document, path[:-1])[path[-1]] = value
+
+    return mutate
+
+
+def drop(path: tuple[Any, ...]) -> Mutation:
+    """Delete the entry at ``path``."""
+
+    def mutate(document: dict[str, Any], _: Path) -> None:
+        del _walk(document, path[:-1])[path[-1]]
+
+    return mutate
+
+
+def both(*mutations: Mutation) -> Mutation:
+    """Apply several mutations in order."""
+
+    def mutate(document: dict[str, Any], directory: Path) -> None:
+        for mutation in mutations:
+            mutation(document, directory)
+
+    return mutate
