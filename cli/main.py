@@ -12,7 +12,7 @@ import json
 import sys
 from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -42,14 +42,16 @@ UrlOpt = Annotated[str | None, typer.Option("--url", help="Base URL of the coord
 TokenOpt = Annotated[
     Path | None, typer.Option("--token-file", help="File holding an access token (mode 0600).")
 ]
-class OutputFormat(str, Enum):
+
+
+class OutputFormat(StrEnum):
     """The two output formats."""
 
     text = "text"
     json = "json"
 
 
-class TrueFalse(str, Enum):
+class TrueFalse(StrEnum):
     """A boolean spelled as the API spells it."""
 
     true = "true"
@@ -136,17 +138,13 @@ def _client(g: Globals) -> api.ApiClient:
 
 
 @app.command()
-def check(
-    ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
-) -> None:
+def check(ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None) -> None:
     """Validate the runtime file and every listed package, offline."""
     from core.config.check import check_runtime_file
 
     g = _globals(ctx, runtime_config, output=output)
     checked = check_runtime_file(_need_runtime(g))
-    workflows = [
-        {"id": wid, "digest": pkg.digest} for wid, pkg in sorted(checked.packages.items())
-    ]
+    workflows = [{"id": wid, "digest": pkg.digest} for wid, pkg in sorted(checked.packages.items())]
     document = {"status": "valid", "namespace": checked.config.namespace, "workflows": workflows}
     render.emit(document, g.output)
 
@@ -162,9 +160,7 @@ def workflow_check(
 
     g = _globals(ctx, output=output)
     workflow = check_source_dir(source)
-    render.emit(
-        {"status": "valid", "id": workflow.id, "version": workflow.version}, g.output
-    )
+    render.emit({"status": "valid", "id": workflow.id, "version": workflow.version}, g.output)
 
 
 @app.command()
@@ -404,7 +400,9 @@ def _run_action(ctx: typer.Context, action: str, run: str, reason: str, g_opts: 
     url, token_file, output = g_opts
     api.check_reference("--reason", reason)
     client, g = _api_opts(ctx, url, token_file, output)
-    body = client.request("POST", f"/v1/runs/{_path_segment(run)}/{action}", body={"reason": reason})
+    body = client.request(
+        "POST", f"/v1/runs/{_path_segment(run)}/{action}", body={"reason": reason}
+    )
     render.emit(body, g.output)
 
 
@@ -474,9 +472,7 @@ def retain(
     render.emit(body, g.output)
 
 
-def _operator_action(
-    ctx: typer.Context, route: str, body: dict[str, Any], g_opts: Any
-) -> None:
+def _operator_action(ctx: typer.Context, route: str, body: dict[str, Any], g_opts: Any) -> None:
     url, token_file, output = g_opts
     client, g = _api_opts(ctx, url, token_file, output)
     render.emit(client.request("POST", f"/v1/operator/{route}", body=body), g.output)

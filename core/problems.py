@@ -62,7 +62,9 @@ _ROWS: tuple[tuple[str, int, str], ...] = (
     ("method-not-allowed", 405, "The route does not accept this method"),
 )
 
-CATALOGUE: dict[str, Problem] = {code: Problem(code, status, title) for code, status, title in _ROWS}
+CATALOGUE: dict[str, Problem] = {
+    code: Problem(code, status, title) for code, status, title in _ROWS
+}
 
 
 def lookup(code: str) -> Problem:

@@ -172,8 +172,17 @@ def test_problem_becomes_a_prefixed_code_and_exit_1(
         {"code": "execution.held", "status": 409, "title": "held", "detail": "restore hold"},
     )
     code, _, err = run_cli(
-        ["retry-same", "--run", "r1", "--reason", "inc-1", "--url", url, "--token-file",
-         str(token_file)],
+        [
+            "retry-same",
+            "--run",
+            "r1",
+            "--reason",
+            "inc-1",
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 1
@@ -190,8 +199,17 @@ def test_bad_reasons_are_refused_before_sending(
 ) -> None:
     url, recorder = gateway
     code, _, err = run_cli(
-        ["cancel", "--run", "r1", "--reason", reason, "--url", url, "--token-file",
-         str(token_file)],
+        [
+            "cancel",
+            "--run",
+            "r1",
+            "--reason",
+            reason,
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 1
@@ -205,8 +223,17 @@ def test_bad_recovery_reference_is_refused_before_sending(
 ) -> None:
     url, recorder = gateway
     code, _, err = run_cli(
-        ["release-admission-hold", "--recovery-reference", "a b", "--admission-history-complete",
-         "--prior-deployment-fenced", "--url", url, "--token-file", str(token_file)],
+        [
+            "release-admission-hold",
+            "--recovery-reference",
+            "a b",
+            "--admission-history-complete",
+            "--prior-deployment-fenced",
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 1
@@ -219,8 +246,16 @@ def test_attestations_are_required(
 ) -> None:
     url, recorder = gateway
     code, _, _ = run_cli(
-        ["complete-execution-recovery", "--recovery-reference", "inc-7",
-         "--execution-history-complete", "--url", url, "--token-file", str(token_file)],
+        [
+            "complete-execution-recovery",
+            "--recovery-reference",
+            "inc-7",
+            "--execution-history-complete",
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 2
@@ -237,8 +272,19 @@ def test_start_sends_input_and_a_stable_default_key(
     recorder.answer = (201, "application/json", {"runId": "r-1", "state": "running"})
     input_file = tmp_path / "input.json"
     input_file.write_text('{"applicationId": "APP-1"}')
-    args = ["start", "--workflow", "approval-notice", "--input-file", str(input_file), "--url",
-            url, "--token-file", str(token_file), "--output", "json"]
+    args = [
+        "start",
+        "--workflow",
+        "approval-notice",
+        "--input-file",
+        str(input_file),
+        "--url",
+        url,
+        "--token-file",
+        str(token_file),
+        "--output",
+        "json",
+    ]
     assert run_cli(args, capsys)[0] == 0
     assert run_cli(args, capsys)[0] == 0
     first, second = recorder.requests
@@ -267,15 +313,33 @@ def test_retain_validates_the_cutoff_locally(
 ) -> None:
     url, recorder = gateway
     code, _, err = run_cli(
-        ["retain", "--before", "2026-07-01", "--limit", "10", "--url", url, "--token-file",
-         str(token_file)],
+        [
+            "retain",
+            "--before",
+            "2026-07-01",
+            "--limit",
+            "10",
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 1
     assert last_line(err).startswith("coordinator.request.invalid:")
     code, _, _ = run_cli(
-        ["retain", "--before", "2026-07-01T00:00:00Z", "--limit", "101", "--url", url,
-         "--token-file", str(token_file)],
+        [
+            "retain",
+            "--before",
+            "2026-07-01T00:00:00Z",
+            "--limit",
+            "101",
+            "--url",
+            url,
+            "--token-file",
+            str(token_file),
+        ],
         capsys,
     )
     assert code == 2
@@ -291,14 +355,20 @@ def test_text_output_of_a_run_list_is_a_table(
         "application/json",
         {
             "runs": [
-                {"runId": "r-2", "workflow": {"id": "approval-notice"}, "state": "held",
-                 "attention": True, "createdAt": "2026-12-01T10:00:00Z"}
+                {
+                    "runId": "r-2",
+                    "workflow": {"id": "approval-notice"},
+                    "state": "held",
+                    "attention": True,
+                    "createdAt": "2026-12-01T10:00:00Z",
+                }
             ],
             "nextCursor": "c2",
         },
     )
-    code, out, _ = run_cli(["list", "--attention", "true", "--url", url, "--token-file",
-                            str(token_file)], capsys)
+    code, out, _ = run_cli(
+        ["list", "--attention", "true", "--url", url, "--token-file", str(token_file)], capsys
+    )
     assert code == 0
     header, row, cursor = out.strip().splitlines()
     assert header.split() == ["runId", "workflow", "state", "outcome", "attention", "createdAt"]
