@@ -1,0 +1,1 @@
+"""The audit component: owns the hash-chained audit journal (CONTRACT §12)."""

@@ -1,0 +1,147 @@
+"""Check an audit journal's hash chain and sequence without the audit key.
+
+Usage: ``python -m auditd.verify FILE``. Exit 0 when every line is a well-formed record in
+canonical form, ``seq`` runs 1, 2, 3, … and each ``prev`` is the SHA-256 of the line before
+it; exit 1 naming the first line that breaks a rule.
+
+A changed line shows up at the line that follows it (its ``prev`` no longer matches), a
+removed or moved line at its own position (``seq`` jumps). The last line has no successor
+to vouch for it: compare the last ``seq`` and line hash with a copy kept elsewhere to detect
+a change to the final record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from auditd.journal import GENESIS_PREV, OPTIONAL_KEYS, RECORD_KEYS, line_hash, serialize
+
+_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+_REF = re.compile(r"[0-9a-f]{32}")
+_WORD = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z][a-z0-9-]*)*")
+_REASON = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+_REQUIRED = frozenset(RECORD_KEYS) - OPTIONAL_KEYS
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The outcome of a verification."""
+
+    records: int
+    """Lines that passed before the first failure (all of them when ``ok``)."""
+    line: int | None = None
+    """1-based number of the first bad line; ``None`` when the journal verifies."""
+    reason: str | None = None
+    """Why that line fails."""
+    last_hash: str = GENESIS_PREV
+    """Hash of the last good line, to compare with a copy kept elsewhere."""
+
+    @property
+    def ok(self) -> bool:
+        """True when every line verified."""
+        return self.line is None
+
+
+def _shape_problem(record: dict[str, Any]) -> str | None:
+    keys = set(record)
+    if not keys >= _REQUIRED:
+        return "missing " + ", ".join(sorted(_REQUIRED - keys))
+    if not keys <= set(RECORD_KEYS):
+        return "unknown key " + ", ".join(sorted(keys - set(RECORD_KEYS)))
+    seq = record["seq"]
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return "seq is not an integer"
+    if not isinstance(record["at"], str) or not _AT.fullmatch(record["at"]):
+        return "at is not an RFC 3339 UTC instant with milliseconds"
+    for name in ("action", "outcome"):
+        if not isinstance(record[name], str) or not _WORD.fullmatch(record[name]):
+            return f"{name} is not a word"
+    for name in ("principalRef", "clientRef"):
+        value = record[name]
+        if value is not None and (not isinstance(value, str) or not _REF.fullmatch(value)):
+            return f"{name} is not a 32-character reference"
+    if "runRef" in record and (
+        not isinstance(record["runRef"], str) or not _REF.fullmatch(record["runRef"])
+    ):
+        return "runRef is not a 32-character reference"
+    if "reason" in record and (
+        not isinstance(record["reason"], str) or not _REASON.fullmatch(record["reason"])
+    ):
+        return "reason is not an investigation reference"
+    if not isinstance(record["prev"], str):
+        return "prev is not a string"
+    return None
+
+
+def _line_problem(number: int, raw: bytes, expected_prev: str) -> str | None:
+    if not raw.endswith(b"\n"):
+        return "incomplete line (no newline)"
+    line = raw[:-1]
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return "not a JSON record"
+    if not isinstance(record, dict):
+        return "not a JSON record"
+    problem = _shape_problem(record)
+    if problem is not None:
+        return problem
+    if record["seq"] != number:
+        return f"seq {record['seq']} where {number} was expected"
+    if record["prev"] != expected_prev:
+        what = "the genesis value" if number == 1 else f"the hash of line {number - 1}"
+        return f"prev is not {what}"
+    if serialize(record) != line:
+        return "not in canonical form"
+    return None
+
+
+def verify_stream(handle: BinaryIO) -> VerifyResult:
+    """Verify the journal read from a binary stream."""
+    expected_prev = GENESIS_PREV
+    number = 0
+    for raw in handle:
+        number += 1
+        problem = _line_problem(number, raw, expected_prev)
+        if problem is not None:
+            return VerifyResult(number - 1, number, problem, expected_prev)
+        expected_prev = line_hash(raw[:-1])
+    return VerifyResult(number, last_hash=expected_prev)
+
+
+def verify_file(path: Path) -> VerifyResult:
+    """Verify the journal at ``path``."""
+    with path.open("rb") as handle:
+        return verify_stream(handle)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m auditd.verify",
+        description="Verify an audit journal's hash chain and sequence.",
+    )
+    parser.add_argument("file", type=Path, help="the audit journal (JSON Lines)")
+    args = parser.parse_args(argv)
+    path: Path = args.file
+    try:
+        result = verify_file(path)
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror or exc.__class__.__name__}", file=sys.stderr)
+        return 1
+    if not result.ok:
+        print(f"{path}:{result.line}: {result.reason}", file=sys.stderr)
+        return 1
+    print(f"{path}: ok, {result.records} records, last line hash {result.last_hash}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

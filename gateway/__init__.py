@@ -1,0 +1,1 @@
+"""The public HTTP endpoint: token verification, authorization and the API routes."""
