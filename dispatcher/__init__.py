@@ -1,0 +1,1 @@
+"""The dispatcher component: claims due steps, calls products, records what they answered."""

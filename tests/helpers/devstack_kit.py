@@ -1,0 +1,92 @@
+"""In-process wiring of the development issuer and product stand-ins for tests.
+
+``HostRouter`` is an httpx transport that sends each request to the ASGI application
+registered for its host, so an issuer, stand-ins and a fake coordinator can talk to each
+other inside one event loop without sockets. A host with no application behaves like a
+server that is down (``httpx.ConnectError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.types import ASGIApp
+
+from devstack.issuer import DevIssuer, IssuerState, RegisteredClient, public_jwk
+
+ISSUER_URL = "http://issuer.test"
+MESSAGING_URL = "http://messaging.test"
+SCHEDULING_URL = "http://scheduling.test"
+BREG_URL = "http://breg.test"
+CASEWORK_URL = "http://casework.test"
+COORDINATOR_URL = "http://coordinator.test"
+
+START = 1_800_000_000.0
+"""A fixed instant (2027-01-15) where every test clock starts."""
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, start: float = START) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeSleep:
+    """An awaitable stand-in for ``asyncio.sleep`` that records the delays and returns."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+class HostRouter(httpx.AsyncBaseTransport):
+    """Routes each request to the ASGI app registered for its ``host[:port]``."""
+
+    def __init__(self, apps: Mapping[str, ASGIApp] | None = None) -> None:
+        self._transports: dict[str, httpx.ASGITransport] = {}
+        self.requests: list[httpx.Request] = []
+        for host, app in (apps or {}).items():
+            self.add(host, app)
+
+    def add(self, host: str, app: ASGIApp) -> None:
+        """Serve ``host`` (``issuer.test`` or a full URL) with ``app``."""
+        self._transports[httpx.URL(host).netloc.decode() if "://" in host else host] = (
+            httpx.ASGITransport(app=app)
+        )
+
+    def remove(self, host: str) -> None:
+        """Take ``host`` down: its requests now fail to connect."""
+        self._transports.pop(httpx.URL(host).netloc.decode() if "://" in host else host, None)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        transport = self._transports.get(request.url.netloc.decode())
+        if transport is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        return await transport.handle_async_request(request)
+
+
+def make_issuer(
+    folder: Path, clients: list[RegisteredClient], clock: FakeClock, issuer_url: str = ISSUER_URL
+) -> DevIssuer:
+    """A development issuer with its state under ``folder``."""
+    return DevIssuer(IssuerState.create(folder, issuer_url), clients, clock=clock)
+
+
+def client_for(
+    client_id: str, private_jwk: Mapping[str, Any], scopes: set[str]
+) -> RegisteredClient:
+    """The registration of a client whose private key the test holds."""
+    return RegisteredClient(client_id, (public_jwk(private_jwk),), frozenset(scopes))
