@@ -6,6 +6,8 @@ file naming them. Tests change the document (``doc``), packages or key files and
 ``checked()`` again; each call reloads the runtime file as coordinatorctl would.
 """
 
+# Test SQL names the test's own namespace, made by unique_namespace(), never input.
+
 from __future__ import annotations
 
 import os
@@ -201,7 +203,7 @@ async def insert_run(
             f'INSERT INTO "{namespace}".run (id, workflow_id, package_digest, principal_iss, '
             "principal_sub, client_id, state, outcome, ended_at) "
             "VALUES ($1, $2, $3, 'https://issuer.example.org', 'someone', 'intake', $4, $5, "
-            f'CASE WHEN $4 = \'succeeded\' THEN "{namespace}".now() END)',
+            f"CASE WHEN $4 = 'succeeded' THEN \"{namespace}\".now() END)",
             run_id,
             workflow_id,
             digest,

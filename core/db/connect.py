@@ -1,0 +1,237 @@
+"""Open PostgreSQL connections the one way this service allows: TLS with a verified server.
+
+Every URL must ask for TLS (``sslmode`` of ``require``, ``verify-ca`` or ``verify-full``).
+Whatever the mode says, the server certificate chain *and* host name are always checked,
+against the runtime file's private root when one is given, otherwise the system roots:
+the weaker libpq modes would let anyone on the path pose as the database.
+
+The URL is parsed here and its parts handed to asyncpg one by one, so no refusal or driver
+error can echo the URL or its password. Refusals are ``deployment.refused`` and name only
+``label`` (the key path of the URL) and the offending parameter.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from core.errors import CoordinatorError
+
+ACCEPTED_SSLMODES = ("require", "verify-ca", "verify-full")
+MINIMUM_SERVER_VERSION_NUM = 170000
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+_SCHEMES = ("postgresql", "postgres")
+_KNOWN_PARAMETERS = frozenset({"sslmode", "application_name", "connect_timeout"})
+
+
+def _refuse(label: str, reason: str) -> CoordinatorError:
+    return CoordinatorError("deployment.refused", f"{label}: {reason}")
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """The parts of a ``postgresql://`` URL this service uses; the password is never shown."""
+
+    host: str
+    port: int
+    user: str
+    database: str
+    sslmode: str
+    password: str | None = field(default=None, repr=False)
+    application_name: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+
+
+def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
+    """Split a PostgreSQL URL into parts, refusing anything without TLS or with unknown options.
+
+    Raises ``CoordinatorError('deployment.refused')``; the detail names ``label`` and the
+    parameter at fault, never the URL or any of its values.
+    """
+    if "#" in url:
+        raise _refuse(label, "contains '#'; percent-encode it (%23) inside a password")
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        # The ValueError text may quote part of the URL: drop it (and its chaining).
+        raise _refuse(label, "is not a valid postgresql:// URL") from None
+    if parts.scheme not in _SCHEMES:
+        raise _refuse(label, "must start with postgresql://")
+    if "," in parts.netloc.rpartition("@")[2]:
+        raise _refuse(label, "names several hosts; exactly one is supported")
+    try:
+        port = parts.port
+    except ValueError:
+        raise _refuse(label, "has an unreadable port") from None
+    host = parts.hostname
+    if not host:
+        raise _refuse(label, "names no host; a TCP host is required (TLS cannot run on a socket)")
+    if parts.username is None or not urllib.parse.unquote(parts.username):
+        raise _refuse(label, "names no user")
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password) if parts.password is not None else None
+    database = urllib.parse.unquote(parts.path[1:]) if parts.path.startswith("/") else ""
+    if "/" in database:
+        raise _refuse(label, "has a path that is not a single database name")
+
+    try:
+        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+    except ValueError:
+        raise _refuse(label, "has an unreadable query string") from None
+    params: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in _KNOWN_PARAMETERS:
+            shown = key if key.isidentifier() and len(key) <= 40 else "(unreadable)"
+            allowed = ", ".join(sorted(_KNOWN_PARAMETERS))
+            raise _refuse(label, f"parameter {shown} is not supported (allowed: {allowed})")
+        if key in params:
+            raise _refuse(label, f"parameter {key} appears more than once")
+        params[key] = value
+
+    sslmode = params.get("sslmode")
+    if sslmode is None:
+        raise _refuse(label, f"sslmode is missing; use one of {', '.join(ACCEPTED_SSLMODES)}")
+    if sslmode not in ACCEPTED_SSLMODES:
+        raise _refuse(label, f"sslmode must be one of {', '.join(ACCEPTED_SSLMODES)}")
+
+    timeout = DEFAULT_CONNECT_TIMEOUT_S
+    if "connect_timeout" in params:
+        try:
+            timeout = float(int(params["connect_timeout"]))
+        except ValueError:
+            raise _refuse(label, "connect_timeout must be a whole number of seconds") from None
+        if timeout <= 0:
+            raise _refuse(label, "connect_timeout must be positive")
+
+    return DatabaseUrl(
+        host=host,
+        port=port or 5432,
+        user=user,
+        database=database or user,  # libpq's default: a database named like the user
+        sslmode=sslmode,
+        password=password,
+        application_name=params.get("application_name") or None,
+        connect_timeout=timeout,
+    )
+
+
+def client_ssl_context(
+    trusted_root_pem: bytes | None, *, label: str = "database URL"
+) -> ssl.SSLContext:
+    """A TLS client context that verifies chain and host name.
+
+    ``trusted_root_pem`` (one or more PEM certificates) replaces the system roots when given.
+    """
+    cadata: str | None = None
+    if trusted_root_pem is not None:
+        try:
+            cadata = trusted_root_pem.decode("ascii")
+        except UnicodeDecodeError:
+            raise _refuse(label, "trusted root certificate is not PEM text") from None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=cadata)
+    except (ssl.SSLError, ValueError):
+        raise _refuse(label, "trusted root certificate could not be loaded as PEM") from None
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def _connect_kwargs(
+    url: str,
+    trusted_root_pem: bytes | None,
+    server_settings: Mapping[str, str] | None,
+    label: str,
+) -> dict[str, Any]:
+    parsed = parse_database_url(url, label=label)
+    settings = dict(server_settings or {})
+    if parsed.application_name and "application_name" not in settings:
+        settings["application_name"] = parsed.application_name
+    return {
+        "host": parsed.host,
+        "port": parsed.port,
+        "user": parsed.user,
+        "password": parsed.password,
+        "database": parsed.database,
+        "ssl": client_ssl_context(trusted_root_pem, label=label),
+        "timeout": parsed.connect_timeout,
+        "server_settings": settings or None,
+    }
+
+
+async def connect(
+    url: str,
+    trusted_root_pem: bytes | None,
+    *,
+    server_settings: Mapping[str, str] | None = None,
+    label: str = "database URL",
+) -> asyncpg.Connection:
+    """Open one verified TLS connection.
+
+    URL refusals raise ``CoordinatorError('deployment.refused')``; failures to reach or
+    authenticate come from asyncpg / ``ssl`` unchanged (``OSError``,
+    ``ssl.SSLCertVerificationError``, ``asyncpg.PostgresError``) and carry no password.
+    """
+    kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
+    return await asyncpg.connect(**kwargs)
+
+
+def quote_ident(name: str) -> str:
+    """Quote a PostgreSQL identifier (role, database, schema) for use in SQL text."""
+    if not name or "\x00" in name:
+        raise ValueError("an identifier must be non-empty and contain no NUL")
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def create_pool(
+    url: str,
+    trusted_root_pem: bytes | None,
+    *,
+    min_size: int,
+    max_size: int,
+    setup_role: str | None = None,
+    server_settings: Mapping[str, str] | None = None,
+    label: str = "database URL",
+) -> asyncpg.Pool:
+    """A pool of verified TLS connections; with ``setup_role`` each new connection runs
+    ``SET ROLE`` to it once (the pool's reset on release keeps the role)."""
+    kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
+    if setup_role is not None:
+        kwargs["init"] = _role_setter(setup_role)
+    pool: asyncpg.Pool = await asyncpg.create_pool(min_size=min_size, max_size=max_size, **kwargs)
+    return pool
+
+
+def _role_setter(role: str) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    statement = f"SET ROLE {quote_ident(role)}"
+
+    async def set_role(conn: asyncpg.Connection) -> None:
+        await conn.execute(statement)
+
+    return set_role
+
+
+async def server_version_num(conn: asyncpg.Connection) -> int:
+    """The server's ``server_version_num`` (e.g. 170010 for 17.10)."""
+    value = await conn.fetchval("SELECT current_setting('server_version_num')::integer")
+    return int(value)
+
+
+async def require_server_version(
+    conn: asyncpg.Connection, minimum: int = MINIMUM_SERVER_VERSION_NUM
+) -> int:
+    """Refuse (``deployment.refused``) a server older than ``minimum``; return its version."""
+    version = await server_version_num(conn)
+    if version < minimum:
+        raise CoordinatorError(
+            "deployment.refused",
+            f"database: PostgreSQL {minimum // 10000} or newer is required "
+            f"(server_version_num is {version})",
+        )
+    return version

@@ -1,0 +1,77 @@
+-- The deployment's identity, its active packages and its key custody records: what apply
+-- writes and what plan, deployment-status and every component's startup read.
+
+-- name: schema_version_read
+-- The layout version recorded in the namespace (null when the table is empty).
+SELECT max(version) AS version FROM {{ns}}.schema_version;
+
+-- name: deployment_read
+-- The deployment row: databaseId, the role that installed the schema, the activation
+-- serial. No row before the first apply finished.
+SELECT database_id::text AS database_id, migration_role::text AS migration_role,
+       activation_serial
+  FROM {{ns}}.deployment;
+
+-- name: deployment_insert
+-- Record the identity at the first apply: $1 databaseId (text, a UUID), $2 the migration
+-- role's name (text).
+INSERT INTO {{ns}}.deployment (database_id, migration_role) VALUES ($1::uuid, $2);
+
+-- name: activation_serial_raise
+-- Raise the activation serial by one and answer the new value.
+UPDATE {{ns}}.deployment
+   SET activation_serial = activation_serial + 1, activated_at = {{ns}}.now()
+RETURNING activation_serial;
+
+-- name: activation_list
+-- The active package of every workflow, ordered by workflow id, with its bytes.
+SELECT a.workflow_id, a.digest, p.version, p.manifest, p.source, a.activated_serial
+  FROM {{ns}}.activation a
+  JOIN {{ns}}.package p ON p.digest = a.digest
+ ORDER BY a.workflow_id;
+
+-- name: package_read
+-- One stored package: $1 digest (text).
+SELECT workflow_id, version, manifest, source FROM {{ns}}.package WHERE digest = $1;
+
+-- name: package_insert
+-- Keep a package's bytes (a digest already kept is left as it is): $1 digest, $2 workflow
+-- id, $3 version (text), $4 manifest bytes, $5 workflow source bytes.
+INSERT INTO {{ns}}.package (digest, workflow_id, version, manifest, source)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: activation_set
+-- Make $2 (digest) the active package of workflow $1 (text) as of serial $3 (bigint).
+INSERT INTO {{ns}}.activation (workflow_id, digest, activated_serial)
+VALUES ($1, $2, $3)
+ON CONFLICT (workflow_id) DO UPDATE
+   SET digest = EXCLUDED.digest,
+       activated_serial = EXCLUDED.activated_serial,
+       activated_at = {{ns}}.now();
+
+-- name: activation_remove
+-- Remove workflow $1 (text) from the activation; its package bytes stay for its runs.
+DELETE FROM {{ns}}.activation WHERE workflow_id = $1;
+
+-- name: live_run_count
+-- How many runs of workflow $1 (text) have not ended.
+SELECT count(*) AS live FROM {{ns}}.run WHERE workflow_id = $1 AND ended_at IS NULL;
+
+-- name: custody_list
+-- Every recorded key fingerprint: kind ('state' or 'admission'), version (0 for the
+-- admission key), fingerprint.
+SELECT key_kind, key_version, fingerprint
+  FROM {{ns}}.key_custody
+ ORDER BY key_kind, key_version;
+
+-- name: custody_record
+-- Record a fingerprint seen for the first time: $1 kind ('state' or 'admission'), $2 version
+-- (integer, 0 for the admission key), $3 fingerprint (64 hex digits). A recorded one stays.
+INSERT INTO {{ns}}.key_custody (key_kind, key_version, fingerprint)
+VALUES ($1, $2, $3)
+ON CONFLICT (key_kind, key_version) DO NOTHING;
+
+-- name: state_key_versions_in_use
+-- The state key versions stored payloads were written with, ascending.
+SELECT version FROM {{ns}}.state_key_versions_in_use() AS used(version) ORDER BY version;

@@ -1,0 +1,383 @@
+-- Registry Coordinator state schema, version 4.
+--
+-- This file is the whole layout of one deployment's namespace. `apply` creates the schema
+-- (owned by the migration role) and runs this file inside one transaction with every
+-- `{{ns}}` replaced by the namespace as a quoted identifier; the namespace was first matched
+-- against ^coordinator_[a-z0-9_]+$, so the substitution cannot smuggle SQL. The same file is
+-- what the drift check compares an installed namespace with, so every object of version 4 is
+-- declared here and nowhere else. Grants are not part of it: core/db/roles.py gives each
+-- component role its privileges after the objects exist.
+--
+-- Time. Every default and every query that asks "what time is it" calls {{ns}}.now(), never
+-- the built-in now(). It answers the setting `coordinator.fake_now` when a session set one,
+-- and the wall clock otherwise, so tests of leases, timers and retention move time instead
+-- of sleeping. Production never sets it.
+--
+-- Tables, in the order they are created:
+--
+-- schema_version    One row: the layout version of this namespace (4). `apply` refuses an
+--                   earlier one with deployment.schema-too-old and the service refuses any
+--                   version but 4.
+-- deployment        One row: the deployment's durable identity (databaseId), the migration
+--                   role that installed it, and the activation serial that every apply
+--                   raising a change to the active packages increments. Services remember
+--                   the serial they started with.
+-- package           Every package ever activated, by digest, with its manifest and workflow
+--                   source bytes. Runs point here, so a run keeps its definition after its
+--                   workflow was upgraded or removed and after the package folder is gone.
+-- activation        The active package of each workflow id (at most one per id).
+-- key_custody       The custody fingerprint of each state key version and of the admission
+--                   key, recorded by apply the first time it sees each key; startup and
+--                   deployment-status compare the configured keys with these rows.
+-- audit_segment     One row per audit journal segment: the audit key fingerprint the segment
+--                   was written with and where it starts. Owned by auditd.
+-- run               One start of a workflow: principal, client, package digest, state,
+--                   outcome, attention, failure, cancelling flag and timings. Rows are
+--                   never deleted; retention erases payloads and stamps erased_at.
+-- payload           Every encrypted value a run produces (input or event body, prepared
+--                   command, product response, mapped output, wait result): AES-256-GCM
+--                   ciphertext, its 96-bit nonce and the state key version. Retention
+--                   deletes these rows; nothing else holds a plaintext copy.
+-- binding           Per run and connection the settings the run depends on: endpoint,
+--                   client identity, issuer, scopes, audience, profile and producer.
+--                   Startup compares live runs' bindings with the runtime file.
+-- step              One row per step a run has reached: type, state, attempts, the prepared
+--                   command (payload reference and command key), its effect, the lease of
+--                   the dispatcher working on it, when it is due, and a wait's timing.
+--                   Dispatch reads the partial index of due, unclaimed work only.
+-- start_identity    The keyed start identity (HMAC with the admission key) of every run whose
+--                   payloads still exist, with a keyed digest of its input to tell a
+--                   repeated start from a conflicting one.
+-- tombstone         Spent start identities and command keys of erased runs: a later start
+--                   with such an identity is refused, and no command key is ever reused.
+-- hold              One row: the execution hold and the admission hold, and the hold epoch
+--                   that each restore-hold raises; a lease taken in an older epoch cannot
+--                   advance its step.
+-- recovery_record   One row per restore-hold: the operator's references and attestations
+--                   and when each later step of the restore procedure happened.
+-- restore_snapshot  The steps a restore-hold found possibly sent after the backup, and how
+--                   each was settled; release-restore-hold waits for all of them.
+-- operator_action   The log of operator actions (kind, reason, time), per run where the
+--                   action concerns one.
+--
+-- Notifications. Three channels named after the namespace carry no payload: `<ns>_due`
+-- whenever a step becomes due and unclaimed (idle dispatchers wake on it instead of polling),
+-- `<ns>_hold` whenever the holds change, and `<ns>_activation` whenever the activation serial
+-- changes.
+--
+-- Hot tables (run, step, hold, deployment) leave room in each page (fillfactor) so their
+-- frequent updates stay heap-only. Indexes on live work are partial, so ended runs do not
+-- weigh on the queries that dispatch, hold and list live work.
+
+CREATE FUNCTION {{ns}}.now() RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+        SELECT coalesce(
+            nullif(current_setting('coordinator.fake_now', true), '')::timestamptz,
+            clock_timestamp())
+    $$;
+
+CREATE TABLE {{ns}}.schema_version (
+    version      integer PRIMARY KEY CHECK (version > 0),
+    installed_at timestamptz NOT NULL DEFAULT {{ns}}.now()
+);
+
+CREATE TABLE {{ns}}.deployment (
+    singleton         boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    database_id       uuid NOT NULL,
+    migration_role    name NOT NULL,
+    activation_serial bigint NOT NULL DEFAULT 0 CHECK (activation_serial >= 0),
+    activated_at      timestamptz,
+    created_at        timestamptz NOT NULL DEFAULT {{ns}}.now()
+) WITH (fillfactor = 50);
+
+CREATE TABLE {{ns}}.package (
+    digest      text PRIMARY KEY CHECK (digest ~ '^sha256:[0-9a-f]{64}$'),
+    workflow_id text NOT NULL CHECK (workflow_id ~ '^[a-z][a-z0-9-]{0,62}$'),
+    version     text NOT NULL,
+    manifest    bytea NOT NULL,
+    source      bytea NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    UNIQUE (digest, workflow_id)
+);
+
+CREATE TABLE {{ns}}.activation (
+    workflow_id      text PRIMARY KEY,
+    digest           text NOT NULL,
+    activated_serial bigint NOT NULL CHECK (activated_serial > 0),
+    activated_at     timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    FOREIGN KEY (digest, workflow_id) REFERENCES {{ns}}.package (digest, workflow_id)
+);
+
+CREATE TABLE {{ns}}.key_custody (
+    key_kind    text NOT NULL CHECK (key_kind IN ('state', 'admission')),
+    -- the state key version; 0 for the admission key, which has no versions
+    key_version integer NOT NULL,
+    fingerprint text NOT NULL CHECK (fingerprint ~ '^[0-9a-f]{64}$'),
+    recorded_at timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    PRIMARY KEY (key_kind, key_version),
+    CHECK ((key_kind = 'state' AND key_version > 0)
+           OR (key_kind = 'admission' AND key_version = 0))
+);
+
+CREATE TABLE {{ns}}.audit_segment (
+    segment     integer PRIMARY KEY CHECK (segment > 0),
+    fingerprint text NOT NULL CHECK (fingerprint ~ '^[0-9a-f]{64}$'),
+    first_seq   bigint NOT NULL CHECK (first_seq > 0),
+    started_at  timestamptz NOT NULL DEFAULT {{ns}}.now()
+);
+
+CREATE TABLE {{ns}}.run (
+    id             text PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9_-]{1,64}$'),
+    workflow_id    text NOT NULL,
+    package_digest text NOT NULL,
+    principal_iss  text NOT NULL,
+    principal_sub  text NOT NULL,
+    -- the verified client_id of the starting token; null for runs started by signed events
+    client_id      text,
+    state          text NOT NULL DEFAULT 'running'
+                   CHECK (state IN ('running', 'waiting', 'held',
+                                    'succeeded', 'failed', 'cancelled')),
+    outcome        text,
+    attention      boolean NOT NULL DEFAULT false,
+    cancelling     boolean NOT NULL DEFAULT false,
+    failure_kind   text CHECK (failure_kind IN ('invalid-command', 'mapping-invalid',
+                                                'refused', 'deadline-exceeded')),
+    -- a JSON pointer into the command or the output mapping, never a value
+    failure_path   text,
+    failure_step   text,
+    created_at     timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    updated_at     timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    ended_at       timestamptz,
+    erased_at      timestamptz,
+    FOREIGN KEY (package_digest, workflow_id) REFERENCES {{ns}}.package (digest, workflow_id),
+    CHECK ((state IN ('succeeded', 'failed', 'cancelled')) = (ended_at IS NOT NULL)),
+    CHECK (state <> 'succeeded' OR outcome IS NOT NULL),
+    CHECK (failure_kind IS NULL OR state = 'failed'),
+    CHECK (erased_at IS NULL OR ended_at IS NOT NULL)
+) WITH (fillfactor = 80);
+
+-- list: newest first, with (created_at, id) as the cursor
+CREATE INDEX run_newest ON {{ns}}.run (created_at DESC, id DESC);
+-- a non-operator's list: only its principal's runs
+CREATE INDEX run_principal
+    ON {{ns}}.run (principal_iss, principal_sub, created_at DESC, id DESC);
+-- live runs per workflow: --remove-workflow, live bindings, doctor counts
+CREATE INDEX run_live ON {{ns}}.run (workflow_id) WHERE ended_at IS NULL;
+-- list --attention true
+CREATE INDEX run_attention ON {{ns}}.run (created_at DESC, id DESC) WHERE attention;
+-- retention: ended runs whose payloads still exist
+CREATE INDEX run_erasable ON {{ns}}.run (ended_at) WHERE ended_at IS NOT NULL AND erased_at IS NULL;
+
+CREATE TABLE {{ns}}.payload (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id      text NOT NULL REFERENCES {{ns}}.run (id),
+    -- null for the run's own input or event body, else the step the value belongs to
+    step_id     text,
+    purpose     text NOT NULL CHECK (purpose IN ('input', 'event', 'command', 'response',
+                                                 'output', 'wait-result')),
+    key_version integer NOT NULL CHECK (key_version > 0),
+    nonce       bytea NOT NULL CHECK (octet_length(nonce) = 12),
+    ciphertext  bytea NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    UNIQUE NULLS NOT DISTINCT (run_id, step_id, purpose),
+    CHECK ((step_id IS NULL) = (purpose IN ('input', 'event')))
+);
+
+-- the state key versions still referenced (custody checks walk this index, not the table)
+CREATE INDEX payload_key_version ON {{ns}}.payload (key_version);
+
+CREATE TABLE {{ns}}.binding (
+    run_id          text NOT NULL REFERENCES {{ns}}.run (id),
+    connection      text NOT NULL,
+    connection_type text NOT NULL CHECK (connection_type IN (
+                        'casework-review-producer', 'messaging', 'scheduling', 'breg-action')),
+    base_url        text NOT NULL,
+    client_id       text NOT NULL,
+    issuer          text NOT NULL,
+    scopes          text[] NOT NULL,
+    audience        text NOT NULL,
+    profile         text NOT NULL,
+    -- Casework only: the key under the project's trustedProducers
+    producer        text,
+    PRIMARY KEY (run_id, connection)
+);
+
+CREATE TABLE {{ns}}.step (
+    run_id             text NOT NULL REFERENCES {{ns}}.run (id),
+    step_id            text NOT NULL,
+    -- the order in which the run reached its steps
+    seq                integer NOT NULL CHECK (seq > 0),
+    step_type          text NOT NULL CHECK (step_type IN ('call', 'choose', 'wait-until',
+                                                          'wait-for', 'finish')),
+    -- ready: to be worked on when due; prepared: the command is committed and may have been
+    -- sent; waiting: a timer or a product result; uncertain: the effect is unknown and the
+    -- run is held; not-sent: a receipt check proved the command never arrived; the rest end
+    -- the step.
+    state              text NOT NULL DEFAULT 'ready'
+                       CHECK (state IN ('ready', 'prepared', 'waiting', 'uncertain', 'not-sent',
+                                        'completed', 'refused', 'failed', 'cancelled')),
+    attempts           integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    effect             text CHECK (effect IN ('accepted', 'unknown')),
+    command_payload_id bigint REFERENCES {{ns}}.payload (id) ON DELETE SET NULL,
+    -- the idempotency key every attempt of this call sends
+    command_key        text CHECK (length(command_key) BETWEEN 1 AND 255),
+    prepared_at        timestamptz,
+    first_attempt_at   timestamptz,
+    deadline_at        timestamptz,
+    -- when this step is next to be worked on; null while nothing is to be done
+    due_at             timestamptz,
+    lease_owner        text,
+    lease_expires_at   timestamptz,
+    -- the hold epoch the lease was taken in
+    lease_epoch        bigint,
+    -- wait-for: keyed digest of the awaited result's identity, to match completion events
+    wait_match         bytea,
+    next_check_at      timestamptz,
+    timeout_at         timestamptz,
+    checks             integer NOT NULL DEFAULT 0 CHECK (checks >= 0),
+    started_at         timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    updated_at         timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    ended_at           timestamptz,
+    PRIMARY KEY (run_id, step_id),
+    UNIQUE (run_id, seq),
+    CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
+    CHECK ((lease_owner IS NULL) = (lease_epoch IS NULL)),
+    CHECK (due_at IS NULL OR state IN ('ready', 'prepared', 'waiting')),
+    CHECK (step_type = 'call' OR (effect IS NULL AND command_key IS NULL
+                                  AND command_payload_id IS NULL)),
+    CHECK (state NOT IN ('completed', 'refused', 'failed', 'cancelled') OR ended_at IS NOT NULL)
+) WITH (fillfactor = 70);
+
+-- dispatch: due work nobody holds; ended runs have no due steps, so they never enter it
+CREATE INDEX step_due ON {{ns}}.step (due_at) WHERE due_at IS NOT NULL AND lease_owner IS NULL;
+-- dispatch: leases to be found expired
+CREATE INDEX step_leased ON {{ns}}.step (lease_expires_at) WHERE lease_owner IS NOT NULL;
+-- doctor, restore-hold and retention: uncertain steps
+CREATE INDEX step_uncertain ON {{ns}}.step (run_id) WHERE state = 'uncertain';
+-- completion events: the waiting step awaiting this result
+CREATE INDEX step_wait_match ON {{ns}}.step (wait_match)
+    WHERE state = 'waiting' AND wait_match IS NOT NULL;
+-- a command key belongs to one step, ever
+CREATE UNIQUE INDEX step_command_key ON {{ns}}.step (command_key) WHERE command_key IS NOT NULL;
+
+CREATE TABLE {{ns}}.start_identity (
+    identity     text PRIMARY KEY CHECK (identity ~ '^[0-9a-f]{64}$'),
+    run_id       text NOT NULL UNIQUE REFERENCES {{ns}}.run (id),
+    input_digest text NOT NULL CHECK (input_digest ~ '^[0-9a-f]{64}$'),
+    created_at   timestamptz NOT NULL DEFAULT {{ns}}.now()
+);
+
+CREATE TABLE {{ns}}.tombstone (
+    kind      text NOT NULL CHECK (kind IN ('start-identity', 'command-key')),
+    value     text NOT NULL,
+    run_id    text NOT NULL REFERENCES {{ns}}.run (id),
+    erased_at timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    PRIMARY KEY (kind, value)
+);
+
+CREATE TABLE {{ns}}.hold (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    execution_hold boolean NOT NULL DEFAULT false,
+    admission_hold boolean NOT NULL DEFAULT false,
+    epoch          bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
+    updated_at     timestamptz NOT NULL DEFAULT {{ns}}.now()
+) WITH (fillfactor = 50);
+
+CREATE TABLE {{ns}}.recovery_record (
+    epoch                         bigint PRIMARY KEY CHECK (epoch > 0),
+    restore_reason                text NOT NULL,
+    held_at                       timestamptz NOT NULL DEFAULT {{ns}}.now(),
+    execution_recovery_reference  text,
+    execution_history_complete    boolean,
+    execution_deployment_fenced   boolean,
+    execution_recovered_at        timestamptz,
+    restore_release_reason        text,
+    restore_released_at           timestamptz,
+    admission_recovery_reference  text,
+    admission_history_complete    boolean,
+    admission_deployment_fenced   boolean,
+    admission_released_at         timestamptz
+);
+
+CREATE TABLE {{ns}}.restore_snapshot (
+    epoch       bigint NOT NULL REFERENCES {{ns}}.recovery_record (epoch),
+    run_id      text NOT NULL,
+    step_id     text NOT NULL,
+    -- how the operator settled the step; null while unresolved
+    resolution  text CHECK (resolution IN ('reconciled', 'retry', 'cancel')),
+    resolved_at timestamptz,
+    PRIMARY KEY (epoch, run_id, step_id),
+    FOREIGN KEY (run_id, step_id) REFERENCES {{ns}}.step (run_id, step_id),
+    CHECK ((resolution IS NULL) = (resolved_at IS NULL))
+);
+
+-- release-restore-hold: the snapshotted steps still unresolved
+CREATE INDEX restore_snapshot_unresolved ON {{ns}}.restore_snapshot (epoch)
+    WHERE resolution IS NULL;
+
+CREATE TABLE {{ns}}.operator_action (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- null for deployment-wide actions
+    run_id text REFERENCES {{ns}}.run (id),
+    kind   text NOT NULL CHECK (kind IN ('reconcile', 'retry-same', 'cancel', 'retain',
+                                         'restore-hold', 'complete-execution-recovery',
+                                         'release-restore-hold', 'release-admission-hold')),
+    -- an investigation reference; retain has none
+    reason text CHECK (reason ~ '^[A-Za-z0-9._:/-]{1,128}$'),
+    at     timestamptz NOT NULL DEFAULT {{ns}}.now()
+);
+
+-- inspection: the last operator actions on one run
+CREATE INDEX operator_action_run ON {{ns}}.operator_action (run_id, id DESC)
+    WHERE run_id IS NOT NULL;
+
+-- Custody checks must see which state key versions payloads use without a component role
+-- being able to read the ciphertext itself: this runs with its owner's rights and returns
+-- nothing but version numbers. It walks payload_key_version one distinct value at a time.
+CREATE FUNCTION {{ns}}.state_key_versions_in_use() RETURNS SETOF integer
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        WITH RECURSIVE used(version) AS (
+            (SELECT key_version FROM {{ns}}.payload ORDER BY key_version LIMIT 1)
+            UNION ALL
+            SELECT (SELECT p.key_version FROM {{ns}}.payload p
+                     WHERE p.key_version > used.version
+                     ORDER BY p.key_version LIMIT 1)
+              FROM used
+             WHERE used.version IS NOT NULL
+        )
+        SELECT version FROM used WHERE version IS NOT NULL
+    $$;
+
+-- One function serves the three channels: the channel is the table's schema plus a suffix
+-- given as the trigger argument, so the file needs no channel name of its own.
+CREATE FUNCTION {{ns}}.notify_channel() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        BEGIN
+            PERFORM pg_notify(TG_TABLE_SCHEMA || '_' || TG_ARGV[0], '');
+            RETURN NULL;
+        END
+    $$;
+
+CREATE TRIGGER step_due_notify
+    AFTER INSERT OR UPDATE OF due_at, lease_owner ON {{ns}}.step
+    FOR EACH ROW WHEN (NEW.due_at IS NOT NULL AND NEW.lease_owner IS NULL)
+    EXECUTE FUNCTION {{ns}}.notify_channel('due');
+
+CREATE TRIGGER hold_notify
+    AFTER UPDATE ON {{ns}}.hold
+    FOR EACH ROW WHEN (OLD.execution_hold IS DISTINCT FROM NEW.execution_hold
+                       OR OLD.admission_hold IS DISTINCT FROM NEW.admission_hold)
+    EXECUTE FUNCTION {{ns}}.notify_channel('hold');
+
+CREATE TRIGGER activation_notify
+    AFTER UPDATE OF activation_serial ON {{ns}}.deployment
+    FOR EACH ROW WHEN (OLD.activation_serial IS DISTINCT FROM NEW.activation_serial)
+    EXECUTE FUNCTION {{ns}}.notify_channel('activation');
+
+INSERT INTO {{ns}}.hold DEFAULT VALUES;
+INSERT INTO {{ns}}.schema_version (version) VALUES (4);

@@ -1,0 +1,269 @@
+"""Schema version 4: install, verification, drift, earlier layouts, clock and channels."""
+
+# Test SQL names the test's own namespace, made by unique_namespace(), never input.
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from core import deploy
+from core.db.connect import connect
+from core.db.queries import Queries, load
+from core.db.roles import component_role
+from core.db.schema import catalog_dump, render_schema
+from core.errors import CoordinatorError
+from devstack.postgres import DatabaseHandle
+from tests.helpers.deployment import (
+    TestDeployment,
+    drop_deployment,
+    insert_run,
+    migration_connection,
+    unique_namespace,
+)
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def deployment(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[TestDeployment]:
+    made = TestDeployment.create(tmp_path, database)
+    yield made
+    await drop_deployment(database, made.namespace)
+
+
+@pytest.fixture
+async def migrator(database: DatabaseHandle) -> AsyncIterator[asyncpg.Connection]:
+    conn = await migration_connection(database)
+    yield conn
+    await conn.close()
+
+
+def _normal(text: str | None, namespace: str) -> str:
+    return re.sub(rf'"?{namespace}"?(?![a-z0-9_])', "NS", text or "")
+
+
+async def _columns(conn: asyncpg.Connection, namespace: str) -> set[tuple[str, ...]]:
+    rows = await conn.fetch(
+        """
+        SELECT table_name::text, column_name::text, data_type::text, is_nullable::text,
+               column_default::text, is_identity::text
+          FROM information_schema.columns WHERE table_schema = $1
+        """,
+        namespace,
+    )
+    return {tuple(_normal(value, namespace) for value in row) for row in rows}
+
+
+async def _indexes(conn: asyncpg.Connection, namespace: str) -> set[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = $1", namespace
+    )
+    return {(row[0], _normal(row[1], namespace)) for row in rows}
+
+
+async def test_the_applied_schema_equals_schema_sql(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    await deploy.apply(deployment.checked(), [])
+    direct = unique_namespace("direct")
+    await migrator.execute(f'CREATE SCHEMA "{direct}"')
+    try:
+        await migrator.execute(render_schema(direct))
+        applied_columns = await _columns(migrator, deployment.namespace)
+        assert len(applied_columns) > 100
+        assert applied_columns == await _columns(migrator, direct)
+        applied_indexes = await _indexes(migrator, deployment.namespace)
+        assert (
+            "step_due",
+            "CREATE INDEX step_due ON NS.step USING btree (due_at) "
+            "WHERE ((due_at IS NOT NULL) AND (lease_owner IS NULL))",
+        ) in applied_indexes
+        assert applied_indexes == await _indexes(migrator, direct)
+        assert await catalog_dump(migrator, deployment.namespace) == await catalog_dump(
+            migrator, direct
+        )
+    finally:
+        await migrator.execute(f'DROP SCHEMA "{direct}" CASCADE')
+
+
+DRIFTS = {
+    "an added column": ("ALTER TABLE {ns}.run ADD COLUMN note text", "column run.note"),
+    "a dropped index": ("DROP INDEX {ns}.step_due", "index step_due is missing"),
+    "a changed default": (
+        "ALTER TABLE {ns}.step ALTER COLUMN attempts SET DEFAULT 1",
+        "column step.attempts differs",
+    ),
+    "a replaced function": (
+        "CREATE OR REPLACE FUNCTION {ns}.now() RETURNS timestamptz LANGUAGE sql STABLE "
+        "AS $$ SELECT clock_timestamp() $$",
+        "function now() differs",
+    ),
+}
+
+
+@pytest.mark.parametrize("drift", sorted(DRIFTS))
+async def test_drift_is_refused(
+    drift: str, deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    statement, words = DRIFTS[drift]
+    await migrator.execute(statement.format(ns=f'"{deployment.namespace}"'))
+    with pytest.raises(CoordinatorError) as refused:
+        await deploy.apply(checked, [])
+    assert refused.value.code == "deployment.refused"
+    assert words in refused.value.detail
+
+
+async def test_an_earlier_layout_is_refused(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    ns = f'"{deployment.namespace}"'
+    # What a version-3 namespace looks like from here: its own tables and version 3.
+    await migrator.execute(
+        f"CREATE SCHEMA {ns}; "
+        f"CREATE TABLE {ns}.schema_version (version integer PRIMARY KEY); "
+        f"INSERT INTO {ns}.schema_version VALUES (3); "
+        f"CREATE TABLE {ns}.runs (id text PRIMARY KEY, state text)"
+    )
+    with pytest.raises(CoordinatorError) as refused:
+        await deploy.apply(deployment.checked(), [])
+    assert refused.value.code == "deployment.schema-too-old"
+    assert "version 3" in refused.value.detail
+    # Nothing was installed beside it.
+    tables = await migrator.fetchval(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = $1", deployment.namespace
+    )
+    assert tables == 2
+
+
+async def test_a_later_or_unknown_layout_is_refused(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    ns = f'"{deployment.namespace}"'
+    await migrator.execute(f"CREATE SCHEMA {ns}; CREATE TABLE {ns}.things (id int)")
+    with pytest.raises(CoordinatorError) as unknown:
+        await deploy.apply(deployment.checked(), [])
+    assert unknown.value.code == "deployment.refused"
+    assert "no schema version" in unknown.value.detail
+
+    await migrator.execute(
+        f"CREATE TABLE {ns}.schema_version (version integer PRIMARY KEY); "
+        f"INSERT INTO {ns}.schema_version VALUES (5)"
+    )
+    with pytest.raises(CoordinatorError) as later:
+        await deploy.apply(deployment.checked(), [])
+    assert later.value.code == "deployment.refused"
+    assert "version 5" in later.value.detail
+
+
+async def test_an_empty_precreated_schema_is_installed_into(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    await migrator.execute(f'CREATE SCHEMA "{deployment.namespace}"')
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    assert (await deploy.status(checked)).schema_version == 4
+
+
+async def test_the_sql_clock_can_be_moved(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    await deploy.apply(deployment.checked(), [])
+    ns = f'"{deployment.namespace}"'
+    await migrator.execute("SET coordinator.fake_now = '2031-05-06T07:08:09Z'")
+    assert await migrator.fetchval(f"SELECT {ns}.now()") == datetime(
+        2031, 5, 6, 7, 8, 9, tzinfo=UTC
+    )
+    await migrator.execute("RESET coordinator.fake_now")
+    real = await migrator.fetchval(f"SELECT {ns}.now()")
+    assert abs((real - datetime.now(UTC)).total_seconds()) < 60
+
+
+async def test_due_work_notifies_and_uses_the_partial_index(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    run_id = await insert_run(
+        deployment.database,
+        deployment.namespace,
+        "approval-notice",
+        checked.packages["approval-notice"].digest,
+    )
+    woke = asyncio.Event()
+    channels: list[str] = []
+
+    def heard(_conn: object, _pid: int, channel: str, _payload: str) -> None:
+        channels.append(channel)
+        woke.set()
+
+    listener = await migration_connection(deployment.database)
+    # Admission makes the first step due, as the service will: the trigger must fire for a
+    # role that may not execute the trigger function itself.
+    admission = await connect(deployment.database.runtime_url, deployment.database.ca_pem)
+    try:
+        await listener.add_listener(f"{deployment.namespace}_due", heard)
+        await admission.execute(f'SET ROLE "{component_role(deployment.namespace, "admission")}"')
+        await admission.execute(
+            f"INSERT INTO {ns}.step (run_id, step_id, seq, step_type, due_at) "
+            f"VALUES ($1, 'call-notices', 1, 'call', {ns}.now())",
+            run_id,
+        )
+        await asyncio.wait_for(woke.wait(), timeout=10)
+        assert channels == [f"{deployment.namespace}_due"]
+    finally:
+        await admission.close()
+        await listener.close()
+
+    await migrator.execute("SET enable_seqscan = off")
+    plan = "\n".join(
+        row[0]
+        for row in await migrator.fetch(
+            f"EXPLAIN SELECT run_id FROM {ns}.step "
+            f"WHERE due_at <= {ns}.now() AND lease_owner IS NULL ORDER BY due_at LIMIT 10"
+        )
+    )
+    assert "step_due" in plan
+
+
+async def test_state_key_versions_in_use_lists_each_version_once(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    digest = checked.packages["approval-notice"].digest
+    for version in (3, 1, 3, 7):
+        run_id = await insert_run(
+            deployment.database, deployment.namespace, "approval-notice", digest
+        )
+        await migrator.execute(
+            f"INSERT INTO {ns}.payload (run_id, purpose, key_version, nonce, ciphertext) "
+            "VALUES ($1, 'input', $2, $3, $4)",
+            run_id,
+            version,
+            bytes(12),
+            b"\x01",
+        )
+    versions = [
+        row[0] for row in await migrator.fetch(f"SELECT * FROM {ns}.state_key_versions_in_use()")
+    ]
+    assert versions == [1, 3, 7]
+
+
+async def test_every_named_query_prepares_against_an_installed_namespace(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    await deploy.apply(deployment.checked(), [])
+    queries = Queries(deployment.namespace)
+    for name in load():
+        await migrator.prepare(queries[name])
