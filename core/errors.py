@@ -8,14 +8,18 @@ token, an input value or personal data.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CoordinatorError(Exception):
     """A refusal with a stable code (for example ``config.invalid``) and a safe detail."""
 
-    def __init__(self, code: str, detail: str) -> None:
+    def __init__(self, code: str, detail: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+        # Extra problem members that are safe to show, e.g. ``errors`` (JSON pointers).
+        self.extra = extra or {}
 
     def cli_line(self) -> str:
         """The line coordinatorctl prints on standard error."""

@@ -1,18 +1,59 @@
 """The ``coordinator`` service launcher.
 
-PRELIMINARY: serving (the five gRPC components) lands with the serving-core work. Until then
-the launcher prints its version and refuses to serve with a clear line on standard error.
+All-in-one (the default) runs each component as its own child process of this one and
+supervises them: a component that dies takes the whole instance down with a clear message
+(systemd or compose restarts it), and SIGTERM is passed on so every component stops within
+the 15 s budget. ``--component NAME`` runs one component in this process, for units that
+run components separately. Nothing here forks after a gRPC channel exists: children are
+started with fork+exec before any channel is made.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import subprocess
 import sys
-from typing import NoReturn
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
 from core import __version__
+from core.errors import CoordinatorError
 
 COMPONENTS = ("gateway", "admission", "dispatcher", "recovery", "auditd")
+# Start order: the journal first (nothing is answered without it), the gateway last.
+START_ORDER = ("auditd", "recovery", "admission", "dispatcher", "gateway")
+RECOVERY_ONLY = ("auditd", "recovery", "gateway")
+ENTRY_POINTS = {
+    "gateway": "gateway.service:serve",
+    "admission": "admission.service:serve",
+    "dispatcher": "dispatcher.service:serve",
+    "recovery": "recovery.service:serve",
+    "auditd": "auditd.service:serve",
+}
+STOP_BUDGET_SECONDS = 15.0
+# A component gets this long to stop by itself before the launcher kills it.
+CHILD_GRACE_SECONDS = 12.0
+
+# Startup refusals print one of the raw codes of CONTRACT §2.1.
+RAW_CODES = {
+    "command.state-key-custody": "state-key-custody",
+    "state-key-custody": "state-key-custody",
+    "command.live-binding-conflict": "live-binding-conflict",
+    "live-binding-conflict": "live-binding-conflict",
+}
+
+
+def raw_code(error: CoordinatorError) -> str:
+    """The raw stderr code a startup refusal is reported with."""
+    return RAW_CODES.get(error.code, "deployment.refused")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,13 +69,140 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse(error: CoordinatorError) -> NoReturn:
+    sys.stderr.write(f"{raw_code(error)}: {error.detail}\n")
+    sys.stderr.flush()
+    sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- one component
+
+
+def _entry(component: str) -> Callable[..., Awaitable[None]]:
+    module_name, function = ENTRY_POINTS[component].split(":")
+    module = importlib.import_module(module_name)
+    serve: Callable[..., Awaitable[None]] = getattr(module, function)
+    return serve
+
+
+async def _run_component(component: str, path: Path, recovery_only: bool) -> None:
+    from core.runtime import load_runtime
+
+    runtime = load_runtime(path, recovery_only=recovery_only)
+    serve = _entry(component)
+    task = asyncio.ensure_future(serve(runtime))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
+    """Run one component until SIGTERM; startup refusals exit 1 with a raw code line."""
+    logging.basicConfig(level=logging.WARNING, format=f"{component}: %(levelname)s %(message)s")
+    try:
+        asyncio.run(_run_component(component, path, recovery_only))
+    except CoordinatorError as error:
+        _refuse(error)
+    sys.exit(0)
+
+
+# ------------------------------------------------------------------------------- supervisor
+
+
+class Supervisor:
+    """Start the components as child processes and keep them together."""
+
+    def __init__(self, path: Path, recovery_only: bool) -> None:
+        self.path = path
+        self.recovery_only = recovery_only
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def _command(self, component: str) -> list[str]:
+        command = [sys.executable, "-m", "core.launcher", "--runtime-config", str(self.path)]
+        command += ["--component", component]
+        if self.recovery_only:
+            command.append("--recovery-only")
+        return command
+
+    def start(self) -> None:
+        """Start every component of this mode, journal first."""
+        wanted = RECOVERY_ONLY if self.recovery_only else START_ORDER
+        for component in START_ORDER:
+            if component in wanted:
+                # Children must not see our signals twice (a terminal's Ctrl-C goes to the
+                # whole group): each gets its own session and hears only what we forward.
+                self.children[component] = subprocess.Popen(
+                    self._command(component), start_new_session=True
+                )
+
+    def _signal(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def stop(self) -> None:
+        """SIGTERM every child, wait within the budget, kill what is left."""
+        for child in self.children.values():
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + CHILD_GRACE_SECONDS
+        for child in self.children.values():
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                child.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+    def run(self) -> int:
+        """Supervise until SIGTERM (exit 0) or until a component exits (exit non-zero)."""
+        signal.signal(signal.SIGTERM, self._signal)
+        signal.signal(signal.SIGINT, self._signal)
+        self.start()
+        failed: tuple[str, int] | None = None
+        while not self.stopping and failed is None:
+            for name, child in self.children.items():
+                code = child.poll()
+                if code is not None:
+                    failed = (name, code)
+                    break
+            else:
+                # Waking 5 times a second keeps SIGTERM handling and exit detection prompt;
+                # os.wait would race with Popen's own bookkeeping.
+                time.sleep(0.2)
+        self.stop()
+        if failed is not None:
+            name, code = failed
+            sys.stderr.write(
+                f"coordinator: the {name} component exited (status {code}); "
+                "stopped every component\n"
+            )
+            return code if code > 0 else 1
+        return 0
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Parse arguments; serve (not yet available in this version)."""
+    """Parse arguments and run all components, or one."""
     args = _parser().parse_args(argv)
     if args.version:
         print(__version__)
         sys.exit(0)
     if not args.runtime_config:
         _parser().error("--runtime-config FILE is required")
-    sys.stderr.write("deployment.refused: this build does not serve yet (offline commands only)\n")
-    sys.exit(1)
+    path = Path(os.path.abspath(args.runtime_config))
+    if args.component:
+        run_component(args.component, path, args.recovery_only)
+    # Check the runtime file once here so an obvious refusal is one clear line, not five.
+    try:
+        from core.config.check import check_runtime_file
+
+        check_runtime_file(path)
+    except CoordinatorError as error:
+        _refuse(error)
+    sys.exit(Supervisor(path, args.recovery_only).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""auditd: the only writer of the audit journal, serving the Audit gRPC service.
+
+Other components (the gateway first of all) send records here and release an answer only
+after this service has written and fsynced them. When the journal cannot be written the
+append is refused with ``audit.response-unavailable`` and the component reports not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from auditd.journal import AuditEntry, Journal
+from core.rpc import coordinator_pb2 as pb
+from core.rpc import coordinator_pb2_grpc as pb_grpc
+from core.rpc.errors import refusals
+from core.rpc.transport import server
+from core.runtime import Runtime, Store, raw
+
+log = logging.getLogger("coordinator.auditd")
+
+
+def entry_from_proto(record: pb.AuditRecord) -> AuditEntry:
+    """The journal entry for one wire record (empty strings mean absent)."""
+    principal = (
+        (record.principal_iss, record.principal_sub)
+        if record.principal_iss or record.principal_sub
+        else None
+    )
+    return AuditEntry(
+        action=record.action,
+        outcome=record.outcome,
+        principal=principal,
+        client_id=record.client_id or None,
+        run_id=record.run_id or None,
+        reason=record.reason or None,
+    )
+
+
+class AuditService(pb_grpc.AuditServicer):
+    """Append records to the journal; report readiness and metrics."""
+
+    def __init__(self, journal: Journal, store: Store) -> None:
+        self.journal = journal
+        self.store = store
+
+    @refusals
+    async def Append(
+        self, request: pb.AppendRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AppendReply:
+        try:
+            entries = [entry_from_proto(record) for record in request.records]
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed audit record")
+        seqs = await self.journal.append(entries)
+        return pb.AppendReply(seqs=seqs)
+
+    @refusals
+    async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
+        reasons = [] if self.journal.ready else ["audit-unavailable"]
+        return pb.Health(
+            store_ready=self.store.available,
+            activation_ready=self.store.activation is not None,
+            reasons=reasons,
+        )
+
+    @refusals
+    async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
+        ready = 1 if self.journal.ready else 0
+        text = (
+            "# HELP coordinator_audit_ready 1 when the audit journal accepts records.\n"
+            "# TYPE coordinator_audit_ready gauge\n"
+            f"coordinator_audit_ready {ready}\n"
+        )
+        return pb.MetricsText(text=text)
+
+
+async def record_segment(store: Store, journal: Journal) -> None:
+    """Record the journal segment's key fingerprint in the database (custody, §7.4)."""
+    if journal.segment_start_seq is None:
+        return
+    async with store.connection() as conn:
+        latest = await conn.fetchrow(store.queries["audit_segment_latest"])
+        if latest is not None and latest["fingerprint"] == journal.key_fingerprint:
+            return
+        number = 1 if latest is None else int(latest["segment"]) + 1
+        await conn.execute(
+            store.queries["audit_segment_insert"],
+            number,
+            journal.key_fingerprint,
+            journal.segment_start_seq,
+        )
+
+
+async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
+    """Open the journal and the store, verify the activation, serve until cancelled."""
+    config = runtime.config
+    key = runtime.resolver.read_key(config.deployment.audit_key_ref)
+    journal = await Journal.open(config.deployment.audit_file, key)
+    store = Store(runtime, "audit")
+    grpc_server = server(runtime.endpoints, "auditd")
+    pb_grpc.add_AuditServicer_to_server(AuditService(journal, store), grpc_server)
+    try:
+        await store.open()
+        await store.verify()
+        await record_segment(store, journal)
+        await grpc_server.start()
+        if started is not None:
+            started.set()
+        await grpc_server.wait_for_termination()
+    except asyncio.CancelledError:
+        raise
+    finally:
+        await grpc_server.stop(grace=2.0)
+        await journal.close()
+        await store.close()
+        if not journal.ready:
+            raw("audit-unavailable", "the audit journal was not writable at shutdown")

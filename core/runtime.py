@@ -1,0 +1,172 @@
+"""What every serving component shares at startup: the checked runtime file, secrets,
+internal endpoints, and a database store with its own component role.
+
+A component builds one :class:`Runtime`, opens one :class:`Store` for its grant, and calls
+:meth:`Store.verify` before serving. While PostgreSQL is unreachable the store says so once
+per 10 s on standard error (``store-unavailable``), reports not ready, and keeps trying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from core.config.check import check_runtime_file
+from core.config.model import CheckedDeployment, RuntimeConfig
+from core.db.connect import create_pool
+from core.db.queries import Queries
+from core.db.roles import component_role
+from core.deploy.activation import verify_activation
+from core.deploy.database import RUNTIME_LABEL, read_url, translate, trusted_root
+from core.deploy.model import Activation
+from core.errors import CoordinatorError
+from core.keys import resolver_for
+from core.rpc.transport import Endpoints, TlsMaterial, default_socket_dir, unix_endpoints
+from core.secrets import SecretResolver
+
+STORE_NOTICE_INTERVAL_SECONDS = 10.0
+# The all-in-one process shares 32 connections; each component's share of that budget.
+POOL_SIZES = {"admission": 6, "dispatcher": 14, "recovery": 6, "audit": 2}
+
+
+def raw(code: str, detail: str = "") -> None:
+    """One line on standard error that starts with a raw code (CONTRACT §15)."""
+    sys.stderr.write(f"{code}: {detail}\n" if detail else f"{code}\n")
+    sys.stderr.flush()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The checked runtime file and what follows from it."""
+
+    checked: CheckedDeployment
+    resolver: SecretResolver
+    endpoints: Endpoints
+    recovery_only: bool
+
+    @property
+    def config(self) -> RuntimeConfig:
+        """The runtime file."""
+        return self.checked.config
+
+
+def endpoints_for(config: RuntimeConfig, resolver: SecretResolver) -> Endpoints:
+    """The internal endpoints the runtime file asks for (Unix sockets by default)."""
+    internal = config.deployment.internal
+    if internal is None:
+        return unix_endpoints(default_socket_dir(config.namespace))
+    if internal.socket_dir is not None:
+        return unix_endpoints(internal.socket_dir)
+    tls = internal.tls
+    if tls is None:
+        raise CoordinatorError("deployment.refused", "deployment.internal.tls is required")
+    material = TlsMaterial(
+        certificate=resolver.read_bytes(tls.certificate_ref),
+        private_key=resolver.read_bytes(tls.private_key_ref),
+        trusted_root=resolver.read_bytes(tls.trusted_root_certificate_ref),
+    )
+    addresses = {name: f"{bind.host}:{bind.port}" for name, bind in internal.addresses.items()}
+    return Endpoints(addresses, material)
+
+
+def load_runtime(path: Path, *, recovery_only: bool = False) -> Runtime:
+    """Check the runtime file and its packages; resolve the secret providers."""
+    checked = check_runtime_file(path)
+    resolver = resolver_for(checked.config)
+    return Runtime(checked, resolver, endpoints_for(checked.config, resolver), recovery_only)
+
+
+class Store:
+    """A component's pool of runtime-role connections, each ``SET ROLE`` to its grant."""
+
+    def __init__(
+        self, runtime: Runtime, component: str, clock: Callable[[], float] = time.monotonic
+    ):
+        self.runtime = runtime
+        self.component = component
+        self.role = component_role(runtime.config.namespace, component)
+        self.queries = Queries(runtime.config.namespace)
+        self._pool: asyncpg.Pool | None = None
+        self._clock = clock
+        self._last_notice = -STORE_NOTICE_INTERVAL_SECONDS
+        self.available = False
+        self.activation: Activation | None = None
+
+    def notice_unavailable(self) -> None:
+        """Log ``store-unavailable`` at most once per 10 s; mark the store not ready."""
+        self.available = False
+        now = self._clock()
+        if now - self._last_notice >= STORE_NOTICE_INTERVAL_SECONDS:
+            self._last_notice = now
+            raw("store-unavailable", f"{self.component}: the database cannot be reached")
+
+    async def open(self) -> None:
+        """Create the pool (retrying while the database is unreachable) and verify it."""
+        config = self.runtime.config
+        url = read_url(config, self.runtime.resolver, "runtime")
+        root = trusted_root(config, self.runtime.resolver)
+        while self._pool is None:
+            try:
+                self._pool = await create_pool(
+                    url,
+                    root,
+                    min_size=1,
+                    max_size=POOL_SIZES.get(self.component, 4),
+                    setup_role=self.role,
+                    label=RUNTIME_LABEL,
+                )
+            except Exception as exc:
+                coded = translate(exc, RUNTIME_LABEL)
+                if coded is None or coded.code != "store.unavailable":
+                    raise (coded or exc) from None
+                self.notice_unavailable()
+                await asyncio.sleep(1.0)
+        self.available = True
+
+    async def verify(self) -> Activation:
+        """Verify the activation (§6.4) on one of the pool's connections."""
+        async with self.connection() as conn:
+            self.activation = await verify_activation(
+                conn, self.runtime.checked, resolver=self.runtime.resolver
+            )
+        return self.activation
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The open pool."""
+        if self._pool is None:
+            raise CoordinatorError("service.unavailable", "the database is not connected yet")
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """One pooled connection; losing the database becomes ``service.unavailable``."""
+        try:
+            async with self.pool.acquire() as conn:
+                yield conn
+            self.available = True
+        except CoordinatorError:
+            raise
+        except Exception as exc:
+            coded = translate(exc, RUNTIME_LABEL)
+            if coded is not None and coded.code == "store.unavailable":
+                self.notice_unavailable()
+                raise CoordinatorError(
+                    "service.unavailable", "the database cannot be reached"
+                ) from None
+            raise
+
+    async def close(self) -> None:
+        """Close the pool, waiting at most a few seconds for connections to return."""
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.close(), timeout=5)
+            self._pool.terminate()
+            self._pool = None
