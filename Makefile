@@ -51,7 +51,7 @@ bench: $(STAMP) $(PG_STAMP)
 	@echo "bench: no benchmarks yet (they arrive with the serving core)"
 
 proto: $(STAMP)
-	@echo "proto: no .proto files yet (they arrive with the serving core)"
+	$(BIN)/python scripts/gen_protos.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
