@@ -60,6 +60,9 @@ _ROWS: tuple[tuple[str, int, str], ...] = (
     ("request.too-large", 413, "The request body is too large"),
     ("not-found", 404, "No such route"),
     ("method-not-allowed", 405, "The route does not accept this method"),
+    # Not a contract code: the bare answer to an unexpected failure, logged with the same
+    # correlation id so an operator can find it.
+    ("internal", 500, "An unexpected failure"),
 )
 
 CATALOGUE: dict[str, Problem] = {

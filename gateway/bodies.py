@@ -1,0 +1,314 @@
+"""Reading and validating what callers send: bodies, headers and query strings.
+
+Limits (CONTRACT §8): a body is at most :data:`MAX_BODY_BYTES` — refused from its
+``Content-Length`` before anything is read, and again while streaming, since a chunked body
+announces no length. JSON must be UTF-8, one object, without repeated member names or
+non-finite numbers, and nested at most :data:`MAX_JSON_DEPTH` levels (checked before
+parsing, so a hostile body cannot exhaust the parser's recursion).
+
+Every refusal is ``request.invalid`` (400) or ``request.too-large`` (413) and names the JSON
+pointer or parameter at fault, never the value that was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from starlette.datastructures import Headers, QueryParams
+from starlette.requests import Request
+
+from core.errors import CoordinatorError
+
+MAX_BODY_BYTES: Final = 64 * 1024
+MAX_JSON_DEPTH: Final = 32
+DEFAULT_LIST_LIMIT: Final = 20
+MAX_LIST_LIMIT: Final = 100
+MAX_RETAIN_LIMIT: Final = 100
+RUN_STATES: Final = ("running", "waiting", "held", "succeeded", "failed", "cancelled")
+
+REASON_PATTERN: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+"""An investigation reference (``reason``, ``recoveryReference``)."""
+IDEMPOTENCY_KEY_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,255}")
+WORKFLOW_ID_PATTERN: Final = re.compile(r"[a-z][a-z0-9-]{0,62}")
+RUN_ID_PATTERN: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CURSOR_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,512}")
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
+_LIMIT_DIGITS = re.compile(r"[0-9]{1,3}")
+_REASON_RULE = "must be 1-128 characters of letters, digits and . _ : / -"
+
+
+class RequestInvalid(CoordinatorError):
+    """400 ``request.invalid``."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("request.invalid", detail)
+
+
+class RequestTooLarge(CoordinatorError):
+    """413 ``request.too-large``."""
+
+    def __init__(self) -> None:
+        super().__init__("request.too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+
+
+def _pointer(key: str) -> str:
+    return "/" + key.replace("~", "~0").replace("/", "~1")
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The raw body, refused when its announced or streamed size exceeds ``limit``."""
+    lengths = request.headers.getlist("content-length")
+    if len(lengths) > 1:
+        raise RequestInvalid("the request repeats Content-Length")
+    if lengths:
+        text = lengths[0].strip()
+        if not text.isdigit() or not text.isascii():
+            raise RequestInvalid("Content-Length is not a number")
+        if int(text) > limit:
+            raise RequestTooLarge()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestTooLarge()
+    return bytes(body)
+
+
+def check_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON text whose arrays/objects nest deeper than ``limit``."""
+    depth = 0
+    in_string = False
+    escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise RequestInvalid(f"the body nests deeper than {limit} levels")
+        elif char in "]}":
+            depth -= 1
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise RequestInvalid("the body repeats a member name")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise RequestInvalid("the body holds a non-finite number")
+
+
+def parse_json_object(data: bytes) -> dict[str, Any]:
+    """One JSON object from UTF-8 ``data`` under the limits of this module."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestInvalid("the body is not UTF-8") from None
+    check_depth(text)
+    try:
+        value = json.loads(text, object_pairs_hook=_no_repeats, parse_constant=_no_constants)
+    except RequestInvalid:
+        raise
+    except (ValueError, RecursionError):
+        raise RequestInvalid("the body is not well-formed JSON") from None
+    if not isinstance(value, dict):
+        raise RequestInvalid("the body is not a JSON object")
+    return value
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """Read and parse the request's JSON object body."""
+    return parse_json_object(await read_body(request))
+
+
+def exact_members(body: Mapping[str, Any], required: tuple[str, ...]) -> None:
+    """Refuse a body that lacks one of ``required`` or has any other member."""
+    if any(key not in required for key in body):
+        # The stray name is caller text: it is not repeated back.
+        raise RequestInvalid("the body has a member this route does not take")
+    for key in required:
+        if key not in body:
+            raise RequestInvalid(f"{_pointer(key)}: required")
+
+
+def reference(body: Mapping[str, Any], key: str) -> str:
+    """An investigation reference member (``reason``, ``recoveryReference``)."""
+    value = body.get(key)
+    if not isinstance(value, str) or not REASON_PATTERN.fullmatch(value):
+        raise RequestInvalid(f"{_pointer(key)}: {_REASON_RULE}")
+    return value
+
+
+def attested(body: Mapping[str, Any], key: str) -> bool:
+    """An attestation flag; only ``true`` is accepted."""
+    if body.get(key) is not True:
+        raise RequestInvalid(f"{_pointer(key)}: must be true")
+    return True
+
+
+def bounded_int(body: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    """An integer member within ``low..high`` (booleans are not integers here)."""
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RequestInvalid(f"{_pointer(key)}: must be an integer from {low} to {high}")
+    return value
+
+
+def instant(body: Mapping[str, Any], key: str) -> str:
+    """An RFC 3339 date-time member with an offset, returned as sent."""
+    value = body.get(key)
+    if isinstance(value, str) and _RFC3339.fullmatch(value):
+        try:
+            datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return value
+    raise RequestInvalid(f"{_pointer(key)}: must be an RFC 3339 date-time with an offset")
+
+
+def start_input(body: Mapping[str, Any]) -> str:
+    """The ``input`` object of a start body, as compact JSON text."""
+    exact_members(body, ("input",))
+    value = body["input"]
+    if not isinstance(value, dict):
+        raise RequestInvalid("/input: must be a JSON object")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def idempotency_key(headers: Headers) -> str:
+    """The single ``Idempotency-Key`` header: 1–255 visible ASCII characters."""
+    values = headers.getlist("idempotency-key")
+    if len(values) != 1:
+        raise RequestInvalid("Idempotency-Key: exactly one header is required")
+    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(values[0]):
+        raise RequestInvalid("Idempotency-Key: must be 1-255 visible ASCII characters")
+    return values[0]
+
+
+def _single(params: QueryParams, name: str) -> str | None:
+    values = params.getlist(name)
+    if len(values) > 1:
+        raise RequestInvalid(f"{name}: given more than once")
+    return values[0] if values else None
+
+
+LIST_PARAMETERS: Final = ("attention", "state", "workflow", "limit", "cursor")
+
+
+@dataclass(frozen=True)
+class ListParameters:
+    """The validated query of ``GET /v1/runs``."""
+
+    attention: bool | None
+    """``attention=true|false`` when given."""
+    state: str | None
+    """One of :data:`RUN_STATES` when given."""
+    workflow: str | None
+    """A workflow id when given."""
+    limit: int
+    """1..100, default 20."""
+    cursor: str | None
+    """The opaque cursor of the previous page."""
+
+
+def list_parameters(params: QueryParams) -> ListParameters:
+    """Validate a list request's query; unknown or repeated parameters are refused."""
+    for name in params:
+        if name not in LIST_PARAMETERS:
+            raise RequestInvalid("the query names an unknown parameter")
+    attention_text = _single(params, "attention")
+    attention: bool | None = None
+    if attention_text is not None:
+        if attention_text not in ("true", "false"):
+            raise RequestInvalid("attention: must be true or false")
+        attention = attention_text == "true"
+    state = _single(params, "state")
+    if state is not None and state not in RUN_STATES:
+        raise RequestInvalid("state: must be a run state")
+    workflow = _single(params, "workflow")
+    if workflow is not None and not WORKFLOW_ID_PATTERN.fullmatch(workflow):
+        raise RequestInvalid("workflow: must be a workflow id")
+    limit_text = _single(params, "limit")
+    limit = DEFAULT_LIST_LIMIT
+    if limit_text is not None:
+        if not _LIMIT_DIGITS.fullmatch(limit_text) or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+            raise RequestInvalid(f"limit: must be an integer from 1 to {MAX_LIST_LIMIT}")
+        limit = int(limit_text)
+    cursor = _single(params, "cursor")
+    if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
+        raise RequestInvalid("cursor: not a cursor this service gave")
+    return ListParameters(attention, state, workflow, limit, cursor)
+
+
+@dataclass(frozen=True)
+class OperatorBody:
+    """A validated operator action body and the reference the audit record carries."""
+
+    body: dict[str, Any]
+    """Exactly the members the action takes, validated."""
+    reference: str | None
+    """``reason`` or ``recoveryReference`` when the action takes one."""
+
+
+def _reason_only(body: Mapping[str, Any]) -> OperatorBody:
+    exact_members(body, ("reason",))
+    reason = reference(body, "reason")
+    return OperatorBody({"reason": reason}, reason)
+
+
+def _attestation(history_flag: str) -> Callable[[Mapping[str, Any]], OperatorBody]:
+    members = ("recoveryReference", history_flag, "priorDeploymentFenced")
+
+    def validate(body: Mapping[str, Any]) -> OperatorBody:
+        exact_members(body, members)
+        ref = reference(body, "recoveryReference")
+        attested(body, history_flag)
+        attested(body, "priorDeploymentFenced")
+        return OperatorBody(
+            {"recoveryReference": ref, history_flag: True, "priorDeploymentFenced": True}, ref
+        )
+
+    return validate
+
+
+def _retain(body: Mapping[str, Any]) -> OperatorBody:
+    exact_members(body, ("before", "limit"))
+    before = instant(body, "before")
+    limit = bounded_int(body, "limit", 1, MAX_RETAIN_LIMIT)
+    return OperatorBody({"before": before, "limit": limit}, None)
+
+
+OPERATOR_BODIES: Final[Mapping[str, Callable[[Mapping[str, Any]], OperatorBody]]] = {
+    "restore-hold": _reason_only,
+    "release-restore-hold": _reason_only,
+    "complete-execution-recovery": _attestation("executionHistoryComplete"),
+    "release-admission-hold": _attestation("admissionHistoryComplete"),
+    "retain": _retain,
+}
+"""The body validator of each deployment-wide operator action that takes a body."""
+
+
+def run_action_reason(body: Mapping[str, Any]) -> str:
+    """The ``reason`` of a reconcile, retry-same or cancel body."""
+    exact_members(body, ("reason",))
+    return reference(body, "reason")

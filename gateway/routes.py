@@ -1,0 +1,288 @@
+"""The HTTP routes of CONTRACT §8.2 and what each one checks, in order.
+
+Every route but ``/ready``, ``/v1/review-completions`` and ``/v1/events`` first verifies the
+bearer token (401 without a usable one, 503 when the verifier holds no keys). From then on
+the request is an audited action (:mod:`gateway.auditing`): validation, the policy check
+(:mod:`gateway.policies`), ownership of the run, and the component's answer all end in one
+audit record before the answer leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from core.config.model import Policy
+from core.errors import CoordinatorError
+from gateway import bodies
+from gateway.auditing import AuditNote, audited
+from gateway.auth import AuthenticationRefused, TokenVerifier, VerifiedToken
+from gateway.backend import Backend, BackendCaller, ListQuery
+from gateway.health import summarize
+from gateway.metrics import CONTENT_TYPE, HttpMetrics, merge, readiness_text
+from gateway.policies import authorize_deployment, authorize_run, authorize_start, is_operator
+from gateway.policies import list_scope as policy_list_scope
+
+log = logging.getLogger("coordinator.gateway")
+
+Hook = Callable[[Request, "GatewayContext"], Awaitable[Response]]
+"""A handler for the unauthenticated producer routes (review completions, signed events)."""
+
+RUN_ACTIONS: Final = ("reconcile", "retry-same", "cancel")
+OPERATOR_ACTIONS: Final = (
+    "restore-hold",
+    "complete-execution-recovery",
+    "release-restore-hold",
+    "release-admission-hold",
+    "retain",
+)
+
+
+@dataclass(frozen=True)
+class GatewayContext:
+    """Everything the routes use; one per running gateway."""
+
+    backend: Backend
+    """The components behind the gateway."""
+    verifier: TokenVerifier
+    """Verifies callers' access tokens."""
+    policies: Mapping[str, Policy]
+    """``deployment.authentication.policies`` by client id."""
+    public_url: str | None = None
+    """``deployment.listener.publicUrl``, for problem ``instance`` members."""
+    http_metrics: HttpMetrics = field(default_factory=HttpMetrics)
+    """The main listener's request counter (read by the metrics listener)."""
+    completions: Hook | None = None
+    """Handler of ``POST /v1/review-completions``; ``None`` refuses every event."""
+    events: Hook | None = None
+    """Handler of ``POST /v1/events``; ``None`` refuses every event."""
+
+
+def context(request: Request) -> GatewayContext:
+    """The gateway context the app was built with."""
+    found = request.app.state.gateway
+    if not isinstance(found, GatewayContext):  # pragma: no cover - set by the app factory
+        raise TypeError("the app has no gateway context")
+    return found
+
+
+async def authenticate(ctx: GatewayContext, request: Request) -> VerifiedToken:
+    """The verified caller of ``request``; refusals carry no token material."""
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise AuthenticationRefused("repeated Authorization header")
+    try:
+        return await ctx.verifier.verify_authorization(values[0] if values else None)
+    except AuthenticationRefused as exc:
+        log.info("access token refused: %s", exc.reason)
+        raise
+
+
+def backend_caller(ctx: GatewayContext, token: VerifiedToken) -> BackendCaller:
+    """The caller as the components see it."""
+    return BackendCaller(
+        iss=token.iss,
+        sub=token.sub,
+        client_id=token.client_id,
+        operator=is_operator(ctx.policies, token),
+    )
+
+
+def _json(document: Mapping[str, Any], status: int = 200, **headers: str) -> Response:
+    return JSONResponse(dict(document), status_code=status, headers=headers or None)
+
+
+async def _authorize_run(
+    ctx: GatewayContext, token: VerifiedToken, action: str, run_id: str, note: AuditNote
+) -> None:
+    # A string that cannot be a run id is a missing run; it never reaches the components.
+    if bodies.RUN_ID_PATTERN.fullmatch(run_id):
+        note.run_id = run_id
+        owner = await ctx.backend.run_owner(run_id)
+    else:
+        owner = None
+    authorize_run(ctx.policies, token, action, owner)
+
+
+# ------------------------------------------------------------------------- unauthenticated
+
+
+async def ready(request: Request) -> Response:
+    """``GET /ready``."""
+    ctx = context(request)
+    readiness = summarize(await ctx.backend.checks(), ctx.verifier.ready)
+    if readiness.ready:
+        return _json({"ready": True})
+    return _json({"ready": False, "reasons": list(readiness.reasons)}, 503)
+
+
+async def review_completions(request: Request) -> Response:
+    """``POST /v1/review-completions``: refused until a completion handler is installed."""
+    ctx = context(request)
+    if ctx.completions is None:
+        raise CoordinatorError("authentication.refused", "the completion is not accepted")
+    return await ctx.completions(request, ctx)
+
+
+async def events(request: Request) -> Response:
+    """``POST /v1/events``: refused until an event handler is installed."""
+    ctx = context(request)
+    if ctx.events is None:
+        raise CoordinatorError("authentication.refused", "the event is not accepted")
+    return await ctx.events(request, ctx)
+
+
+async def metrics(request: Request) -> Response:
+    """``GET /metrics`` (metrics listener only)."""
+    ctx = context(request)
+    readiness = summarize(await ctx.backend.checks(), ctx.verifier.ready)
+    texts = await ctx.backend.metrics()
+    document = merge([ctx.http_metrics.render(), readiness_text(readiness), *texts])
+    return PlainTextResponse(document, media_type=CONTENT_TYPE)
+
+
+# --------------------------------------------------------------------------------- runs
+
+
+async def start(request: Request) -> Response:
+    """``POST /v1/workflows/{workflowId}/runs``."""
+    ctx = context(request)
+    token = await authenticate(ctx, request)
+    workflow_id = request.path_params["workflowId"]
+    async with audited(ctx.backend, token, "start") as note:
+        authorize_start(ctx.policies, token, workflow_id)
+        key = bodies.idempotency_key(request.headers)
+        input_json = bodies.start_input(await bodies.read_json_object(request))
+        result = await ctx.backend.start(backend_caller(ctx, token), workflow_id, key, input_json)
+        note.run_id = result.run_id
+    if result.created:
+        return _json(result.status, 201, Location=f"/v1/runs/{result.run_id}")
+    return _json(result.status)
+
+
+async def status(request: Request) -> Response:
+    """``GET /v1/runs/{runId}``."""
+    ctx = context(request)
+    token = await authenticate(ctx, request)
+    run_id = request.path_params["runId"]
+    async with audited(ctx.backend, token, "status") as note:
+        await _authorize_run(ctx, token, "status", run_id, note)
+        document = await ctx.backend.status(run_id)
+    return _json(document)
+
+
+async def inspection(request: Request) -> Response:
+    """``GET /v1/runs/{runId}/inspection``."""
+    ctx = context(request)
+    token = await authenticate(ctx, request)
+    run_id = request.path_params["runId"]
+    async with audited(ctx.backend, token, "inspect") as note:
+        await _authorize_run(ctx, token, "inspect", run_id, note)
+        document = await ctx.backend.inspect(run_id)
+    return _json(document)
+
+
+async def list_runs(request: Request) -> Response:
+    """``GET /v1/runs``."""
+    ctx = context(request)
+    token = await authenticate(ctx, request)
+    async with audited(ctx.backend, token, "list"):
+        params = bodies.list_parameters(request.query_params)
+        scope = policy_list_scope(ctx.policies, token, params.workflow)
+        document = await ctx.backend.list(
+            ListQuery(
+                workflows=scope.workflows,
+                principal=scope.principal,
+                attention=params.attention,
+                state=params.state,
+                limit=params.limit,
+                cursor=params.cursor,
+            )
+        )
+    return _json(document)
+
+
+def _run_action(action: str) -> Callable[[Request], Awaitable[Response]]:
+    async def handler(request: Request) -> Response:
+        ctx = context(request)
+        token = await authenticate(ctx, request)
+        run_id = request.path_params["runId"]
+        async with audited(ctx.backend, token, action) as note:
+            reason = bodies.run_action_reason(await bodies.read_json_object(request))
+            note.reason = reason
+            await _authorize_run(ctx, token, action, run_id, note)
+            document = await ctx.backend.run_action(
+                backend_caller(ctx, token), run_id, action, reason
+            )
+        return _json(document)
+
+    handler.__name__ = f"run_{action.replace('-', '_')}"
+    return handler
+
+
+# ----------------------------------------------------------------------------- operator
+
+
+async def doctor(request: Request) -> Response:
+    """``GET /v1/operator/doctor``."""
+    ctx = context(request)
+    token = await authenticate(ctx, request)
+    async with audited(ctx.backend, token, "doctor"):
+        authorize_deployment(ctx.policies, token, "doctor")
+        document = await ctx.backend.doctor()
+    return _json(document)
+
+
+def _operator_action(action: str) -> Callable[[Request], Awaitable[Response]]:
+    validate = bodies.OPERATOR_BODIES[action]
+
+    async def handler(request: Request) -> Response:
+        ctx = context(request)
+        token = await authenticate(ctx, request)
+        async with audited(ctx.backend, token, action) as note:
+            authorize_deployment(ctx.policies, token, action)
+            checked = validate(await bodies.read_json_object(request))
+            note.reason = checked.reference
+            document = await ctx.backend.operator_action(
+                backend_caller(ctx, token), action, checked.body
+            )
+        return _json(document)
+
+    handler.__name__ = f"operator_{action.replace('-', '_')}"
+    return handler
+
+
+def main_routes() -> list[Route]:
+    """The routes of the main listener (never ``/metrics``)."""
+    routes = [
+        Route("/ready", ready, methods=["GET"]),
+        Route("/v1/workflows/{workflowId}/runs", start, methods=["POST"]),
+        Route("/v1/runs", list_runs, methods=["GET"]),
+        Route("/v1/runs/{runId}", status, methods=["GET"]),
+        Route("/v1/runs/{runId}/inspection", inspection, methods=["GET"]),
+    ]
+    routes += [
+        Route(f"/v1/runs/{{runId}}/{action}", _run_action(action), methods=["POST"])
+        for action in RUN_ACTIONS
+    ]
+    routes.append(Route("/v1/operator/doctor", doctor, methods=["GET"]))
+    routes += [
+        Route(f"/v1/operator/{action}", _operator_action(action), methods=["POST"])
+        for action in OPERATOR_ACTIONS
+    ]
+    routes += [
+        Route("/v1/review-completions", review_completions, methods=["POST"]),
+        Route("/v1/events", events, methods=["POST"]),
+    ]
+    return routes
+
+
+def metrics_routes() -> list[Route]:
+    """The routes of the metrics listener: ``/metrics`` only."""
+    return [Route("/metrics", metrics, methods=["GET"])]
