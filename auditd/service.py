@@ -8,6 +8,7 @@ append is refused with ``audit.response-unavailable`` and the component reports 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -113,7 +114,9 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
     except asyncio.CancelledError:
         raise
     finally:
-        await grpc_server.stop(grace=2.0)
+        # grpc.aio may already be shutting down after a cancellation; close the rest anyway.
+        with contextlib.suppress(asyncio.CancelledError):
+            await grpc_server.stop(grace=2.0)
         await journal.close()
         await store.close()
         if not journal.ready:

@@ -1,0 +1,94 @@
+"""admission: the gRPC servicer that starts runs, and its startup.
+
+The gateway authenticates and authorizes a start and hands over the verified caller; this
+component judges the start itself (admission/start.py) and answers the run's status
+document. Starts from signed events and Casework review completions are part of this
+component's interface but arrive in a later version: they are refused with
+``method-not-allowed`` until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final
+
+import grpc
+
+from admission.start import Admitter, parse_input
+from core.errors import CoordinatorError
+from core.rpc import coordinator_pb2 as pb
+from core.rpc import coordinator_pb2_grpc as pb_grpc
+from core.rpc.errors import refusals
+from core.rpc.transport import server
+from core.runs import document_json
+from core.runtime import Runtime, Store
+from core.store_health import store_health
+
+log = logging.getLogger("coordinator.admission")
+
+NOT_YET: Final = "arrives in a later version of the coordinator"
+
+
+class AdmissionService(pb_grpc.AdmissionServicer):
+    """Start runs; report readiness."""
+
+    def __init__(self, admitter: Admitter) -> None:
+        self.admitter = admitter
+
+    @refusals
+    async def Start(
+        self, request: pb.StartRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StartReply:
+        value = parse_input(request.input_json)
+        result = await self.admitter.start(
+            request.caller, request.workflow_id, request.idempotency_key, value
+        )
+        return pb.StartReply(
+            created=result.created, status_json=document_json(result.status), run_id=result.run_id
+        )
+
+    @refusals
+    async def StartFromEvent(
+        self, request: pb.EventRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StartReply:
+        raise CoordinatorError("method-not-allowed", f"starting runs from events {NOT_YET}")
+
+    @refusals
+    async def ReviewCompletion(
+        self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Empty:
+        raise CoordinatorError("method-not-allowed", f"review completion events {NOT_YET}")
+
+    @refusals
+    async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
+        return await store_health(self.admitter.store)
+
+    @refusals
+    async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
+        # The run and hold gauges come from recovery, which reads the whole store; admission
+        # keeps no series of its own yet.
+        return pb.MetricsText(text="")
+
+
+async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
+    """Open the store, verify the activation, serve Admission until cancelled."""
+    store = Store(runtime, "admission")
+    admitter = Admitter.from_runtime(runtime, store)
+    grpc_server = server(runtime.endpoints, "admission")
+    pb_grpc.add_AdmissionServicer_to_server(AdmissionService(admitter), grpc_server)
+    try:
+        await store.open()
+        await store.verify()
+        await grpc_server.start()
+        log.info("admission serving")
+        if started is not None:
+            started.set()
+        await grpc_server.wait_for_termination()
+    finally:
+        # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this
+        # stop then raises CancelledError; the store must be closed all the same.
+        with contextlib.suppress(asyncio.CancelledError):
+            await grpc_server.stop(grace=2.0)
+        await store.close()

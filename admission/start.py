@@ -1,0 +1,296 @@
+"""Admitting a run from the API (CONTRACT §9.1).
+
+A start is judged in this order: the instance admits at all (not ``--recovery-only``), the
+workflow is active, the admission hold is off, the input fits the workflow's input schema.
+Then the start identity is derived with the admission key from the principal, the workflow
+and the client's idempotency key. A known identity answers its run again when the input is
+the same (a keyed digest of the canonical input tells) and ``start.conflict`` when it is
+not; an identity whose run retention erased answers ``run.payload-erased``. A new identity
+becomes, in one transaction: the run, a binding per connection the workflow uses, the
+input sealed under the active state key, the start identity and the first step, due now.
+
+Two identical starts racing each other both try to insert the same run id (it is derived
+from the identity); the loser's insert fails on the primary key once the winner commits,
+and the loser reads the winner's run back instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import asyncpg
+
+from core import clock, derive
+from core.crypto import Keyring, keyring_from_config, seal
+from core.errors import CoordinatorError
+from core.runs import RunRecord, read_run
+from core.runtime import Runtime, Store
+from core.workflow.model import Workflow, step_kind
+from core.workflow.package import canonical
+from core.workflow.schema import validate_input
+
+MAX_INPUT_BYTES: Final = 64 * 1024
+INPUT_DIGEST_LABEL: Final = "registry-coordinator input-digest v1"
+# The Idempotency-Key header: 1–255 visible ASCII characters.
+_IDEMPOTENCY_KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
+# How often a start is tried when a concurrent identical start wins the insert; the second
+# try always finds the winner's identity row, so two are enough.
+_ATTEMPTS: Final = 2
+
+
+class CallerLike(Protocol):
+    """The verified principal and client of a start (``pb.Caller`` is one)."""
+
+    @property
+    def iss(self) -> str: ...
+
+    @property
+    def sub(self) -> str: ...
+
+    @property
+    def client_id(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What a start answers."""
+
+    created: bool
+    """True when this call created the run; false when it answered an existing one."""
+    run_id: str
+    status: dict[str, Any]
+    """The run's status document (§8.3)."""
+
+
+def parse_input(text: str) -> Any:
+    """The start input from its JSON text; malformed JSON is ``request.invalid``."""
+    if len(text.encode("utf-8")) > MAX_INPUT_BYTES:
+        raise CoordinatorError("request.too-large", "the start input is larger than 64 KiB")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError):
+        raise CoordinatorError("request.invalid", "input: not a JSON document") from None
+
+
+def canonical_input(value: Any) -> bytes:
+    """RFC 8785 bytes of the input: what is sealed and what the input digest covers."""
+    try:
+        return canonical(value)
+    except (ValueError, TypeError, RecursionError):
+        # rfc8785 refuses numbers JSON peers cannot all read alike (beyond 2**53, NaN).
+        raise CoordinatorError(
+            "input.invalid",
+            "input holds a number outside the range every JSON reader agrees on",
+            {"errors": [{"pointer": "", "reason": "holds a number outside the safe range"}]},
+        ) from None
+
+
+def input_digest(admission_key: bytes, canonical_bytes: bytes) -> str:
+    """Keyed digest of a canonical input (hex HMAC-SHA-256 under the admission key).
+
+    Keyed, so the stored digest of a small input cannot be tested against guesses by
+    someone who reads the database without the key.
+    """
+    message = derive.encode_fields(INPUT_DIGEST_LABEL) + canonical_bytes
+    return hmac.new(admission_key, message, hashlib.sha256).hexdigest()
+
+
+def check_idempotency_key(key: str) -> None:
+    """Refuse an idempotency key outside 1–255 visible ASCII characters."""
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise CoordinatorError(
+            "request.invalid", "Idempotency-Key: must be 1 to 255 visible ASCII characters"
+        )
+
+
+def input_errors(workflow: Workflow, value: Any) -> None:
+    """Refuse an input that breaks the workflow's input schema (pointers, never values)."""
+    problems = validate_input(workflow.input_schema, value)
+    if problems:
+        errors = [{"pointer": pointer, "reason": reason} for pointer, reason in problems]
+        first_pointer, first_reason = problems[0]
+        raise CoordinatorError(
+            "input.invalid",
+            f"input{first_pointer or ''}: {first_reason}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            {"errors": errors},
+        )
+
+
+class Admitter:
+    """Starts runs for one deployment; shared by every Start call of the servicer."""
+
+    def __init__(self, runtime: Runtime, store: Store, admission_key: bytes, keyring: Keyring):
+        self.runtime = runtime
+        self.store = store
+        self._admission_key = admission_key
+        self._keyring = keyring
+
+    @classmethod
+    def from_runtime(cls, runtime: Runtime, store: Store) -> Admitter:
+        """Read the admission key and the state keys named by the runtime file."""
+        config = runtime.config
+        admission_key = runtime.resolver.read_key(config.deployment.admission_key_ref)
+        return cls(runtime, store, admission_key, keyring_from_config(config, runtime.resolver))
+
+    def _active(self, workflow_id: str) -> tuple[str, Workflow]:
+        activation = self.store.activation
+        if activation is None:
+            raise CoordinatorError("service.unavailable", "the activation is not verified yet")
+        active = activation.packages.get(workflow_id)
+        package = self.runtime.checked.packages.get(workflow_id)
+        # Startup verified that the active packages are exactly the runtime file's pins, so
+        # the two agree; a workflow in neither is simply not served here.
+        if active is None or package is None or package.digest != active.digest:
+            raise CoordinatorError("workflow.not-found", f"workflow '{workflow_id}' is not active")
+        return package.digest, package.workflow
+
+    async def start(
+        self, caller: CallerLike, workflow_id: str, idempotency_key: str, value: Any
+    ) -> StartResult:
+        """Admit one API start (or answer the run an earlier identical start created)."""
+        if self.runtime.recovery_only:
+            raise CoordinatorError(
+                "admission.recovery-only", "this instance runs in recovery-only mode"
+            )
+        check_idempotency_key(idempotency_key)
+        digest, workflow = self._active(workflow_id)
+        identity = derive.api_start_identity(
+            self._admission_key, caller.iss, caller.sub, workflow_id, idempotency_key
+        )
+        for attempt in range(_ATTEMPTS):
+            try:
+                return await self._attempt(caller, workflow, digest, identity, value)
+            except asyncpg.UniqueViolationError:
+                if attempt + 1 == _ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _attempt(
+        self, caller: CallerLike, workflow: Workflow, digest: str, identity: str, value: Any
+    ) -> StartResult:
+        q = self.store.queries
+        activation = self.store.activation
+        assert activation is not None  # checked by _active
+        async with self.store.connection() as conn, conn.transaction():
+            # Every default timestamp and the first step's due time come from SQL now().
+            await clock.apply_to(conn)
+            context = await conn.fetchrow(q["admission_context"])
+            if context is None:
+                raise CoordinatorError("service.unavailable", "the namespace has no hold row")
+            if int(context["activation_serial"]) != activation.serial:
+                raise CoordinatorError(
+                    "deployment.activation-changed",
+                    "apply changed the active packages; restart the service with its runtime file",
+                )
+            if context["admission_hold"]:
+                raise CoordinatorError(
+                    "admission.held", "the admission hold is set; release-admission-hold ends it"
+                )
+            input_errors(workflow, value)
+            plaintext = canonical_input(value)
+            keyed = input_digest(self._admission_key, plaintext)
+            if await conn.fetchval(q["admission_tombstone"], identity) is not None:
+                raise CoordinatorError(
+                    "run.payload-erased", "the run of this idempotency key was erased by retention"
+                )
+            known = await conn.fetchrow(q["admission_identity_read"], identity)
+            if known is not None:
+                if not hmac.compare_digest(known["input_digest"], keyed):
+                    raise CoordinatorError(
+                        "start.conflict",
+                        "this idempotency key started a run with a different input",
+                    )
+                return await self._answer(conn, known["run_id"], created=False)
+            run_id = derive.run_id(self._admission_key, identity)
+            await self._insert(conn, caller, workflow, digest, run_id, identity, keyed, plaintext)
+            return await self._answer(conn, run_id, created=True)
+
+    async def _insert(
+        self,
+        conn: asyncpg.Connection,
+        caller: CallerLike,
+        workflow: Workflow,
+        digest: str,
+        run_id: str,
+        identity: str,
+        keyed_digest: str,
+        plaintext: bytes,
+    ) -> None:
+        q = self.store.queries
+        config = self.runtime.config
+        await conn.execute(
+            q["admission_run_insert"],
+            run_id,
+            workflow.id,
+            digest,
+            caller.iss,
+            caller.sub,
+            caller.client_id or None,
+        )
+        issuer = config.deployment.authentication.issuer
+        for name in sorted(workflow.connections):
+            connection = config.connections.get(name)
+            if connection is None:  # the runtime file check makes this unreachable
+                raise CoordinatorError("deployment.refused", f"connections.{name}: missing")
+            await conn.execute(
+                q["admission_binding_insert"],
+                run_id,
+                name,
+                connection.type,
+                connection.base_url,
+                connection.authorization.client_id,
+                issuer,
+                list(connection.authorization.scopes),
+                connection.token_audience,
+                connection.profile,
+                connection.producer,
+            )
+        sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
+        await conn.execute(
+            q["admission_payload_insert"],
+            run_id,
+            "input",
+            sealed.key_version,
+            sealed.nonce,
+            sealed.ciphertext,
+        )
+        await conn.execute(q["admission_identity_insert"], identity, run_id, keyed_digest)
+        first = workflow.step(workflow.start)
+        await conn.execute(
+            q["admission_first_step_insert"], run_id, workflow.start, step_kind(first)
+        )
+
+    async def _answer(self, conn: asyncpg.Connection, run_id: str, *, created: bool) -> StartResult:
+        run: RunRecord | None = await read_run(conn, self.store.queries, run_id)
+        if run is None:  # the identity row references the run, so it exists
+            raise CoordinatorError("run.not-found", "the run of this start is missing")
+        return StartResult(created=created, run_id=run_id, status=run.status())
+
+
+async def admit(
+    store: Store,
+    runtime: Runtime,
+    caller: CallerLike,
+    workflow_id: str,
+    key: str,
+    input: Any,
+) -> tuple[bool, str]:
+    """Start a run outside gRPC (for tests and tools): answer ``(created, run_id)``.
+
+    ``store`` must be an opened admission store; its activation is verified here if it was
+    not yet.
+    """
+    if store.activation is None:
+        await store.verify()
+    result = await Admitter.from_runtime(runtime, store).start(caller, workflow_id, key, input)
+    return result.created, result.run_id

@@ -1,0 +1,59 @@
+-- The recovery component's reads: run owners, lists, inspection extras, doctor and metrics.
+-- None of them reads a payload.
+
+-- name: recovery_run_owner
+-- Who started run $1 (text) and from which workflow; no row when there is no such run.
+SELECT workflow_id, principal_iss, principal_sub FROM {{ns}}.run WHERE id = $1;
+
+-- name: recovery_holds
+-- The deployment's two restore holds.
+SELECT execution_hold, admission_hold FROM {{ns}}.hold;
+
+-- name: recovery_operator_actions
+-- The latest $2 (integer) operator actions on run $1 (text), newest first.
+SELECT kind, reason, at
+  FROM {{ns}}.operator_action
+ WHERE run_id = $1
+ ORDER BY id DESC
+ LIMIT $2;
+
+-- name: recovery_run_list
+-- Runs newest first by (created_at, id), as run_read shapes them. $1 the workflows the
+-- caller may see (text[]); $2 attention (boolean, null for either); $3 state (text, null for
+-- any); $4/$5 the principal's iss/sub (text, null for every principal); $6/$7 the cursor's
+-- created_at (timestamptz) and run id (text), null for the first page; $8 how many.
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at
+  FROM {{ns}}.run r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest
+ WHERE r.workflow_id = ANY ($1::text[])
+   AND ($2::boolean IS NULL OR r.attention = $2::boolean)
+   AND ($3::text IS NULL OR r.state = $3::text)
+   AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
+   AND ($6::timestamptz IS NULL OR (r.created_at, r.id) < ($6::timestamptz, $7::text))
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT $8;
+
+-- name: recovery_doctor
+-- One row for the doctor report: schema version, databaseId, activation serial, holds, and
+-- the counts of uncertain steps, held runs, due unclaimed steps and waiting runs.
+SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
+       d.database_id::text AS database_id,
+       d.activation_serial,
+       h.execution_hold,
+       h.admission_hold,
+       (SELECT count(*) FROM {{ns}}.step WHERE state = 'uncertain') AS uncertain,
+       (SELECT count(*) FROM {{ns}}.run
+         WHERE ended_at IS NULL AND state = 'held') AS held,
+       (SELECT count(*) FROM {{ns}}.step
+         WHERE due_at IS NOT NULL AND lease_owner IS NULL
+           AND due_at <= {{ns}}.now()) AS due_jobs,
+       (SELECT count(*) FROM {{ns}}.run
+         WHERE ended_at IS NULL AND state = 'waiting') AS waiting
+  FROM {{ns}}.deployment d, {{ns}}.hold h;
+
+-- name: recovery_run_state_counts
+-- How many runs are in each state (states without runs are absent).
+SELECT state, count(*) AS runs FROM {{ns}}.run GROUP BY state;

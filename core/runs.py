@@ -1,0 +1,318 @@
+"""The run documents of the HTTP API: status (CONTRACT §8.3) and inspection (§8.4).
+
+Admission answers a start with the status document and recovery answers status, list and
+inspection; both build them here from the same rows, so the two can never disagree about
+a run's shape. The rows these records come from (``run_read`` and ``run_steps`` in
+``core/db/queries/runs.sql``) carry no payload column: a document built here cannot leak an
+input, a prepared command or a product response, because none ever reaches this module.
+
+List cursors are opaque to clients; inside they are the ``(created_at, id)`` position of
+the last run shown, which is the order lists walk.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+
+from core.db.queries import Queries
+from core.errors import CoordinatorError
+
+RUN_STATES: Final = ("running", "waiting", "held", "succeeded", "failed", "cancelled")
+"""Every state a run can be in (the status document's ``state``)."""
+
+ENDED_STATES: Final = ("succeeded", "failed", "cancelled")
+"""States a run never leaves."""
+
+WAIT_TYPES: Final = ("wait-until", "wait-for")
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_RUN_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A cursor's inner form: microseconds since the epoch, a dot, the run id.
+_CURSOR: Final = re.compile(r"(-?[0-9]{1,20})\.([A-Za-z0-9_-]{1,64})")
+
+
+def timestamp(value: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds and ``Z`` (``2026-05-01T09:00:00.123Z``)."""
+    if value.tzinfo is None:
+        raise ValueError("timestamps must carry a time zone")
+    utc = value.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def _optional_time(value: datetime | None) -> str | None:
+    return None if value is None else timestamp(value)
+
+
+def document_json(document: Mapping[str, Any]) -> str:
+    """The compact JSON text a document travels as."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as the status document needs it."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunRecord:
+        """A record from a ``run_read``-shaped row."""
+        return cls(
+            id=row["id"],
+            workflow_id=row["workflow_id"],
+            workflow_version=row["workflow_version"],
+            package_digest=row["package_digest"],
+            principal_iss=row["principal_iss"],
+            principal_sub=row["principal_sub"],
+            state=row["state"],
+            outcome=row["outcome"],
+            attention=bool(row["attention"]),
+            cancelling=bool(row["cancelling"]),
+            failure_kind=row["failure_kind"],
+            failure_path=row["failure_path"],
+            failure_step=row["failure_step"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            ended_at=row["ended_at"],
+        )
+
+    def status(self) -> dict[str, Any]:
+        """The status document (§8.3); optional members appear only when they apply."""
+        doc: dict[str, Any] = {
+            "runId": self.id,
+            "workflow": {
+                "id": self.workflow_id,
+                "version": self.workflow_version,
+                "digest": self.package_digest,
+            },
+            "state": self.state,
+        }
+        if self.outcome is not None:
+            doc["outcome"] = self.outcome
+        doc["attention"] = self.attention
+        # A cancel that follows an onCancel path leaves the state running/waiting until the
+        # path ends; the flag is what tells a reader the run is on its way out.
+        if self.cancelling and self.ended_at is None:
+            doc["cancelling"] = True
+        if self.failure_kind is not None:
+            failure: dict[str, Any] = {"kind": self.failure_kind}
+            if self.failure_path is not None:
+                failure["failurePath"] = self.failure_path
+            failure["step"] = self.failure_step
+            doc["failure"] = failure
+        doc["createdAt"] = timestamp(self.created_at)
+        doc["updatedAt"] = timestamp(self.updated_at)
+        if self.ended_at is not None:
+            doc["endedAt"] = timestamp(self.ended_at)
+        return doc
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step a run reached, as inspection shows it."""
+
+    step_id: str
+    seq: int
+    step_type: str
+    state: str
+    attempts: int
+    effect: str | None
+    due_at: datetime | None
+    next_check_at: datetime | None
+    timeout_at: datetime | None
+    checks: int
+    started_at: datetime
+    ended_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
+        """A record from a ``run_steps`` row."""
+        return cls(
+            step_id=row["step_id"],
+            seq=int(row["seq"]),
+            step_type=row["step_type"],
+            state=row["state"],
+            attempts=int(row["attempts"]),
+            effect=row["effect"],
+            due_at=row["due_at"],
+            next_check_at=row["next_check_at"],
+            timeout_at=row["timeout_at"],
+            checks=int(row["checks"]),
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+        )
+
+    def wait(self) -> dict[str, Any] | None:
+        """The ``wait`` member of a timer or result wait; ``None`` for other steps."""
+        if self.step_type not in WAIT_TYPES:
+            return None
+        wait: dict[str, Any] = {}
+        if self.step_type == "wait-until":
+            if self.due_at is not None:
+                wait["dueAt"] = timestamp(self.due_at)
+        else:
+            next_check = self.next_check_at or self.due_at
+            if next_check is not None:
+                wait["nextCheckAt"] = timestamp(next_check)
+        if self.timeout_at is not None:
+            wait["timeoutAt"] = timestamp(self.timeout_at)
+        wait["checks"] = self.checks
+        return wait
+
+    def document(self) -> dict[str, Any]:
+        """One element of the inspection's ``steps``."""
+        doc: dict[str, Any] = {
+            "step": self.step_id,
+            "type": self.step_type,
+            "state": self.state,
+            "attempts": self.attempts,
+        }
+        if self.effect is not None:
+            doc["effect"] = self.effect
+        wait = self.wait()
+        if wait is not None:
+            doc["wait"] = wait
+        doc["startedAt"] = timestamp(self.started_at)
+        if self.ended_at is not None:
+            doc["endedAt"] = timestamp(self.ended_at)
+        return doc
+
+
+@dataclass(frozen=True)
+class Holds:
+    """The deployment's restore holds."""
+
+    execution: bool
+    admission: bool
+
+    def document(self) -> dict[str, bool]:
+        """``{"execution": …, "admission": …}``."""
+        return {"execution": self.execution, "admission": self.admission}
+
+
+@dataclass(frozen=True)
+class OperatorActionRecord:
+    """One operator action recorded against a run."""
+
+    kind: str
+    reason: str | None
+    at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> OperatorActionRecord:
+        """A record from an ``operator_action`` row."""
+        return cls(kind=row["kind"], reason=row["reason"], at=row["at"])
+
+    def document(self) -> dict[str, Any]:
+        """``{"kind", "reason", "at"}``."""
+        return {"kind": self.kind, "reason": self.reason, "at": timestamp(self.at)}
+
+
+def inspection_document(
+    run: RunRecord,
+    steps: Sequence[StepRecord],
+    holds: Holds,
+    actions: Sequence[OperatorActionRecord],
+) -> dict[str, Any]:
+    """The inspection document (§8.4): the run's status, then its steps in the order the run
+    reached them, the deployment's holds and the latest operator actions (newest first)."""
+    doc = run.status()
+    doc["steps"] = [step.document() for step in sorted(steps, key=lambda step: step.seq)]
+    doc["holds"] = holds.document()
+    doc["lastOperatorActions"] = [action.document() for action in actions]
+    return doc
+
+
+# ----------------------------------------------------------------------------------- reads
+
+
+async def read_run(conn: asyncpg.Connection, queries: Queries, run_id: str) -> RunRecord | None:
+    """The run ``run_id``, or ``None`` when there is none (or the id cannot be one)."""
+    if not _RUN_ID.fullmatch(run_id):
+        return None
+    row = await conn.fetchrow(queries["run_read"], run_id)
+    return None if row is None else RunRecord.from_row(row)
+
+
+async def read_steps(conn: asyncpg.Connection, queries: Queries, run_id: str) -> list[StepRecord]:
+    """The steps of ``run_id`` in the order the run reached them."""
+    return [StepRecord.from_row(row) for row in await conn.fetch(queries["run_steps"], run_id)]
+
+
+# --------------------------------------------------------------------------------- cursors
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in the newest-first list: strictly after ``(created_at, run_id)``."""
+
+    created_at: datetime
+    run_id: str
+
+    def encode(self) -> str:
+        """The opaque text handed to clients (URL-safe base64, no padding)."""
+        micros = (self.created_at - _EPOCH) // timedelta(microseconds=1)
+        inner = f"{micros}.{self.run_id}".encode("ascii")
+        return base64.urlsafe_b64encode(inner).rstrip(b"=").decode("ascii")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        """Read a cursor this module issued; anything else is ``request.invalid``."""
+        refused = CoordinatorError("request.invalid", "cursor: not a cursor this service issued")
+        if not text or len(text) > 200 or not text.isascii():
+            raise refused
+        try:
+            inner = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
+        except (binascii.Error, ValueError):
+            raise refused from None
+        match = _CURSOR.fullmatch(inner)
+        if match is None:
+            raise refused
+        try:
+            created_at = _EPOCH + timedelta(microseconds=int(match.group(1)))
+        except OverflowError:
+            raise refused from None
+        return cls(created_at=created_at, run_id=match.group(2))
+
+
+__all__ = [
+    "ENDED_STATES",
+    "RUN_STATES",
+    "Cursor",
+    "Holds",
+    "OperatorActionRecord",
+    "RunRecord",
+    "StepRecord",
+    "document_json",
+    "inspection_document",
+    "read_run",
+    "read_steps",
+    "timestamp",
+]

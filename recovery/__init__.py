@@ -1,0 +1,1 @@
+"""The recovery component: run status, lists, inspection, doctor and operator actions."""

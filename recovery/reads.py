@@ -1,0 +1,264 @@
+"""What recovery reads for operators and clients: run owners, status, inspection, lists,
+the doctor report (CONTRACT §8.3, §8.4, §8.6) and the store-wide metrics (§13).
+
+Each function takes the recovery component's :class:`Store` and answers plain data; the
+servicer turns it into protobuf. Authorization happened in the gateway: a list request
+arrives with the workflows the caller's policy covers and, for a non-operator, the
+principal whose runs it may see, and the SQL never shows anything outside that scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from core import clock
+from core.errors import CoordinatorError
+from core.runs import (
+    RUN_STATES,
+    Cursor,
+    Holds,
+    OperatorActionRecord,
+    RunRecord,
+    inspection_document,
+    read_run,
+    read_steps,
+)
+from core.runtime import Store
+
+DEFAULT_LIMIT: Final = 20
+MAX_LIMIT: Final = 100
+OPERATOR_ACTIONS_SHOWN: Final = 10
+SCHEMA_VERSION: Final = 4
+
+
+def _not_found() -> CoordinatorError:
+    return CoordinatorError("run.not-found", "no such run")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who started a run, for the gateway's authorization."""
+
+    workflow_id: str
+    iss: str
+    sub: str
+
+
+async def run_owner(store: Store, run_id: str) -> Owner | None:
+    """The owner of ``run_id``, or ``None`` when there is no such run."""
+    async with store.connection() as conn:
+        row = await conn.fetchrow(store.queries["recovery_run_owner"], run_id)
+    if row is None:
+        return None
+    return Owner(row["workflow_id"], row["principal_iss"], row["principal_sub"])
+
+
+async def status(store: Store, run_id: str) -> dict[str, Any]:
+    """The status document of ``run_id`` (``run.not-found`` when absent)."""
+    async with store.connection() as conn:
+        run = await read_run(conn, store.queries, run_id)
+    if run is None:
+        raise _not_found()
+    return run.status()
+
+
+async def inspection(store: Store, run_id: str) -> dict[str, Any]:
+    """The inspection document of ``run_id`` (``run.not-found`` when absent)."""
+    q = store.queries
+    async with (
+        store.connection() as conn,
+        conn.transaction(readonly=True, isolation="repeatable_read"),
+    ):
+        # One snapshot, so the steps shown belong to the run state shown.
+        run = await read_run(conn, q, run_id)
+        if run is None:
+            raise _not_found()
+        steps = await read_steps(conn, q, run_id)
+        hold = await conn.fetchrow(q["recovery_holds"])
+        actions = await conn.fetch(q["recovery_operator_actions"], run_id, OPERATOR_ACTIONS_SHOWN)
+    holds = (
+        Holds(bool(hold["execution_hold"]), bool(hold["admission_hold"]))
+        if hold
+        else Holds(False, False)
+    )
+    return inspection_document(
+        run, steps, holds, [OperatorActionRecord.from_row(row) for row in actions]
+    )
+
+
+# ----------------------------------------------------------------------------------- lists
+
+
+@dataclass(frozen=True)
+class ListFilter:
+    """A checked list request."""
+
+    workflows: tuple[str, ...]
+    """The workflows shown: the caller's scope, narrowed to one when a workflow was asked."""
+    attention: bool | None
+    state: str | None
+    principal: tuple[str, str] | None
+    """Only runs of this ``(iss, sub)``; ``None`` for every principal."""
+    limit: int
+    cursor: Cursor | None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        workflows: Sequence[str],
+        attention: str = "",
+        state: str = "",
+        workflow_id: str = "",
+        limit: int = 0,
+        cursor: str = "",
+        principal: tuple[str, str] | None = None,
+    ) -> ListFilter:
+        """Check the query parameters; a bad one is ``request.invalid`` naming it."""
+        if attention not in ("", "true", "false"):
+            raise CoordinatorError("request.invalid", "attention: must be true or false")
+        if state and state not in RUN_STATES:
+            raise CoordinatorError(
+                "request.invalid", "state: must be one of " + ", ".join(RUN_STATES)
+            )
+        if limit == 0:
+            limit = DEFAULT_LIMIT
+        if not 1 <= limit <= MAX_LIMIT:
+            raise CoordinatorError("request.invalid", f"limit: must be 1 to {MAX_LIMIT}")
+        scope = tuple(dict.fromkeys(workflows))
+        if workflow_id:
+            # Outside the caller's scope the answer is simply empty; the gateway already
+            # refused a workflow the policy does not cover.
+            scope = (workflow_id,) if workflow_id in scope else ()
+        return cls(
+            workflows=scope,
+            attention=None if attention == "" else attention == "true",
+            state=state or None,
+            principal=principal,
+            limit=limit,
+            cursor=Cursor.decode(cursor) if cursor else None,
+        )
+
+
+async def list_runs(store: Store, wanted: ListFilter) -> dict[str, Any]:
+    """``{"runs": [status…], "nextCursor": text | None}``, newest first."""
+    if not wanted.workflows:
+        return {"runs": [], "nextCursor": None}
+    iss, sub = wanted.principal if wanted.principal is not None else (None, None)
+    after = wanted.cursor
+    async with store.connection() as conn:
+        rows = await conn.fetch(
+            store.queries["recovery_run_list"],
+            list(wanted.workflows),
+            wanted.attention,
+            wanted.state,
+            iss,
+            sub,
+            after.created_at if after else None,
+            after.run_id if after else None,
+            # One more than asked tells whether another page exists.
+            wanted.limit + 1,
+        )
+    runs = [RunRecord.from_row(row) for row in rows[: wanted.limit]]
+    next_cursor = None
+    if len(rows) > wanted.limit:
+        last = runs[-1]
+        next_cursor = Cursor(last.created_at, last.id).encode()
+    return {"runs": [run.status() for run in runs], "nextCursor": next_cursor}
+
+
+# ------------------------------------------------------------------------ doctor and metrics
+
+
+async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dict[str, Any]:
+    """The doctor report (§8.6)."""
+    q = store.queries
+    async with store.connection() as conn, conn.transaction(readonly=True):
+        await clock.apply_to(conn)  # dueJobs compares with SQL now()
+        row = await conn.fetchrow(q["recovery_doctor"])
+        versions = [int(r["version"]) for r in await conn.fetch(q["state_key_versions_in_use"])]
+    if row is None:
+        raise CoordinatorError("deployment.refused", "the namespace records no deployment")
+    activation = store.activation
+    activation_ready = activation is not None and int(row["activation_serial"]) == activation.serial
+    served = activation.packages if activation is not None else {}
+    return {
+        "activationReady": activation_ready,
+        "schemaVersion": int(row["schema_version"]),
+        "databaseId": row["database_id"],
+        "workflows": [
+            {"id": workflow_id, "digest": served[workflow_id].digest}
+            for workflow_id in sorted(served)
+        ],
+        "holds": {"execution": row["execution_hold"], "admission": row["admission_hold"]},
+        "state": {
+            "auditReady": audit_ready,
+            "storeReady": store.available,
+            "uncertain": int(row["uncertain"]),
+            "held": int(row["held"]),
+            "dueJobs": int(row["due_jobs"]),
+            "waiting": int(row["waiting"]),
+            "stateKeyVersionsInUse": versions,
+        },
+        "mode": "recovery-only" if recovery_only else "ordinary",
+    }
+
+
+def _gauge(name: str, help_text: str, samples: Sequence[tuple[str, int | str]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+    return lines
+
+
+async def metrics_text(store: Store) -> str:
+    """Prometheus text of the store-wide gauges; no workflow, run or principal label.
+
+    While the database cannot be reached, ``coordinator_store_available`` is 0,
+    ``coordinator_dispatch_jobs`` is NaN and the other counts are absent: a count we cannot
+    read is never reported as a made-up zero.
+    """
+    q = store.queries
+    try:
+        async with store.connection() as conn, conn.transaction(readonly=True):
+            await clock.apply_to(conn)
+            row = await conn.fetchrow(q["recovery_doctor"])
+            counts = {
+                r["state"]: int(r["runs"]) for r in await conn.fetch(q["recovery_run_state_counts"])
+            }
+    except CoordinatorError:
+        row = None
+        counts = {}
+    lines: list[str] = []
+    if row is not None:
+        lines += _gauge(
+            "coordinator_runs",
+            "Runs by state.",
+            [(f'{{state="{state}"}}', counts.get(state, 0)) for state in RUN_STATES],
+        )
+        lines += _gauge(
+            "coordinator_uncertain_steps",
+            "Call steps whose effect is unknown.",
+            [("", int(row["uncertain"]))],
+        )
+        lines += _gauge(
+            "coordinator_holds",
+            "1 while the restore hold is set.",
+            [
+                ('{hold="execution"}', int(bool(row["execution_hold"]))),
+                ('{hold="admission"}', int(bool(row["admission_hold"]))),
+            ],
+        )
+    # Always exposed: NaN (unknown) while the database cannot be read, never a made-up 0.
+    lines += _gauge(
+        "coordinator_dispatch_jobs",
+        "Due steps no dispatcher has claimed yet.",
+        [("", int(row["due_jobs"]) if row is not None else "NaN")],
+    )
+    lines += _gauge(
+        "coordinator_store_available",
+        "1 while the database answers.",
+        [("", 1 if row is not None else 0)],
+    )
+    return "\n".join(lines) + "\n"

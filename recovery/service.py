@@ -1,0 +1,156 @@
+"""recovery: the gRPC servicer for reads and operator actions, and its startup.
+
+Status, inspection, lists and the doctor report are built in recovery/reads.py. Operator
+actions (reconcile, retry-same, cancel, holds, retention) arrive in a later version; until
+then ``RunAction`` and ``OperatorAction`` refuse with ``method-not-allowed``, which the
+gateway answers as 405 and coordinatorctl prints as ``coordinator.method-not-allowed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import grpc
+
+from core.errors import CoordinatorError
+from core.rpc import coordinator_pb2 as pb
+from core.rpc import coordinator_pb2_grpc as pb_grpc
+from core.rpc.errors import refusals
+from core.rpc.transport import call, channel, server
+from core.runs import document_json
+from core.runtime import Runtime, Store
+from core.store_health import store_health
+from recovery import reads
+
+log = logging.getLogger("coordinator.recovery")
+
+AuditProbe = Callable[[], Awaitable[bool]]
+"""Answers whether the audit journal accepts records (the doctor's ``auditReady``)."""
+
+AUDIT_CHECK_TIMEOUT_SECONDS: Final = 2.0
+NOT_YET: Final = "operator recovery actions arrive in a later version of the coordinator"
+
+
+def audit_probe_over_grpc(audit: pb_grpc.AuditStub) -> AuditProbe:
+    """An :data:`AuditProbe` that asks auditd's ``Check``; no answer counts as not ready."""
+
+    async def ready() -> bool:
+        try:
+            health = await call(
+                "auditd", audit.Check, pb.Empty(), timeout=AUDIT_CHECK_TIMEOUT_SECONDS
+            )
+        except CoordinatorError:
+            return False
+        return "audit-unavailable" not in health.reasons
+
+    return ready
+
+
+class RecoveryService(pb_grpc.RecoveryServicer):
+    """Answer reads about runs and the deployment."""
+
+    def __init__(self, store: Store, *, recovery_only: bool, audit_ready: AuditProbe) -> None:
+        self.store = store
+        self.recovery_only = recovery_only
+        self.audit_ready = audit_ready
+
+    @refusals
+    async def GetRunOwner(
+        self, request: pb.RunRef, context: grpc.aio.ServicerContext
+    ) -> pb.RunOwner:
+        owner = await reads.run_owner(self.store, request.run_id)
+        if owner is None:
+            return pb.RunOwner(found=False)
+        return pb.RunOwner(found=True, workflow_id=owner.workflow_id, iss=owner.iss, sub=owner.sub)
+
+    @refusals
+    async def Status(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+        return pb.Document(json=document_json(await reads.status(self.store, request.run_id)))
+
+    @refusals
+    async def Inspect(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+        document = await reads.inspection(self.store, request.run_id)
+        return pb.Document(json=document_json(document))
+
+    @refusals
+    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.Document:
+        wanted = reads.ListFilter.build(
+            workflows=tuple(request.workflows),
+            attention=request.attention,
+            state=request.state,
+            workflow_id=request.workflow_id,
+            limit=request.limit,
+            cursor=request.cursor,
+            principal=(
+                (request.principal_iss, request.principal_sub) if request.only_principal else None
+            ),
+        )
+        return pb.Document(json=document_json(await reads.list_runs(self.store, wanted)))
+
+    @refusals
+    async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Document:
+        audit_ready = await self.audit_ready()
+        document = await reads.doctor(
+            self.store, audit_ready=audit_ready, recovery_only=self.recovery_only
+        )
+        return pb.Document(json=document_json(document))
+
+    @refusals
+    async def RunAction(
+        self, request: pb.RunActionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Document:
+        raise CoordinatorError("method-not-allowed", NOT_YET)
+
+    @refusals
+    async def OperatorAction(
+        self, request: pb.OperatorActionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Document:
+        raise CoordinatorError("method-not-allowed", NOT_YET)
+
+    @refusals
+    async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
+        return await store_health(self.store)
+
+    @refusals
+    async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
+        return pb.MetricsText(text=await reads.metrics_text(self.store))
+
+
+async def serve(
+    runtime: Runtime,
+    started: asyncio.Event | None = None,
+    audit_ready: AuditProbe | None = None,
+) -> None:
+    """Open the store, verify the activation, serve Recovery until cancelled.
+
+    ``audit_ready`` answers the doctor's ``auditReady``; by default auditd is asked over
+    the internal channel.
+    """
+    store = Store(runtime, "recovery")
+    audit_channel = channel(runtime.endpoints, "auditd") if audit_ready is None else None
+    if audit_channel is not None:
+        audit_ready = audit_probe_over_grpc(pb_grpc.AuditStub(audit_channel))
+    assert audit_ready is not None
+    service = RecoveryService(store, recovery_only=runtime.recovery_only, audit_ready=audit_ready)
+    grpc_server = server(runtime.endpoints, "recovery")
+    pb_grpc.add_RecoveryServicer_to_server(service, grpc_server)
+    try:
+        await store.open()
+        await store.verify()
+        await grpc_server.start()
+        log.info("recovery serving")
+        if started is not None:
+            started.set()
+        await grpc_server.wait_for_termination()
+    finally:
+        # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this
+        # stop then raises CancelledError; the store must be closed all the same.
+        with contextlib.suppress(asyncio.CancelledError):
+            await grpc_server.stop(grace=2.0)
+        if audit_channel is not None:
+            await audit_channel.close()
+        await store.close()

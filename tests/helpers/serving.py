@@ -1,0 +1,107 @@
+"""An applied deployment with open admission and recovery stores, for in-process tests of
+the serving components (no launcher, no child processes).
+
+``served(tmp_path, database)`` applies a fresh namespace, builds the :class:`Runtime` the
+launcher would (with Unix sockets in a short temporary folder, since socket paths are
+limited to about 100 bytes), and opens and verifies one store per component.
+"""
+
+# Test SQL names the test's own namespace, made by unique_namespace(), never input.
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core import deploy
+from core.keys import resolver_for
+from core.rpc.transport import unix_endpoints
+from core.runtime import Runtime, Store
+from devstack.postgres import DatabaseHandle
+from tests.helpers.deployment import TestDeployment, drop_deployment, migration_connection
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified caller, shaped like ``pb.Caller``."""
+
+    iss: str = "https://issuer.example.org"
+    sub: str = "alice"
+    client_id: str = "intake-portal"
+    operator: bool = False
+
+
+@dataclass
+class Served:
+    """One applied deployment and the stores of the components under test."""
+
+    deployment: TestDeployment
+    runtime: Runtime
+    stores: dict[str, Store]
+
+    @property
+    def namespace(self) -> str:
+        return self.deployment.namespace
+
+    @property
+    def database(self) -> DatabaseHandle:
+        return self.deployment.database
+
+    def store(self, component: str) -> Store:
+        return self.stores[component]
+
+    async def owner_execute(self, sql: str, *args: Any) -> str:
+        """Run one statement as the schema owner (``{ns}`` is the quoted namespace)."""
+        conn = await migration_connection(self.database)
+        try:
+            return str(await conn.execute(sql.format(ns=f'"{self.namespace}"'), *args))
+        finally:
+            await conn.close()
+
+    async def owner_fetch(self, sql: str, *args: Any) -> list[Any]:
+        """Fetch rows as the schema owner (``{ns}`` is the quoted namespace)."""
+        conn = await migration_connection(self.database)
+        try:
+            return list(await conn.fetch(sql.format(ns=f'"{self.namespace}"'), *args))
+        finally:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def served(
+    tmp_path: Path,
+    database: DatabaseHandle,
+    *,
+    workflows: tuple[str, ...] = ("approval-notice",),
+    components: tuple[str, ...] = ("admission", "recovery"),
+    recovery_only: bool = False,
+) -> AsyncIterator[Served]:
+    """Apply a deployment of ``workflows`` and open a verified store per component."""
+    deployment = TestDeployment.create(tmp_path, database, workflows=workflows)
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    sockets = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
+    runtime = Runtime(
+        checked=checked,
+        resolver=resolver_for(checked.config),
+        endpoints=unix_endpoints(sockets),
+        recovery_only=recovery_only,
+    )
+    stores: dict[str, Store] = {}
+    try:
+        for component in components:
+            store = Store(runtime, component)
+            stores[component] = store
+            await store.open()
+            await store.verify()
+        yield Served(deployment, runtime, stores)
+    finally:
+        for store in stores.values():
+            await store.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+        await drop_deployment(database, deployment.namespace)

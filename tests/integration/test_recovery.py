@@ -1,0 +1,355 @@
+"""Recovery's reads against the real TLS PostgreSQL server: status, inspection, lists,
+doctor and metrics, built from runs that admission started."""
+
+# Test SQL names the test's own namespace, made by unique_namespace(), never input.
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from admission.start import Admitter, StartResult
+from core.errors import CoordinatorError
+from core.runs import RUN_STATES
+from devstack.postgres import DatabaseHandle
+from recovery import reads
+from tests.helpers.serving import Caller, Served, served
+
+pytestmark = pytest.mark.postgres
+
+ALICE = Caller()
+BOB = Caller(sub="bob")
+WORKFLOW = "approval-notice"
+OTHER = "slot-booking"
+MARKER = "MARKER-5be1d0aa"
+COMMAND_KEY = "c0ffee" * 10
+
+
+@pytest.fixture
+async def env(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Served]:
+    async with served(tmp_path, database, workflows=(WORKFLOW, OTHER)) as made:
+        yield made
+
+
+async def start(
+    env: Served, key: str, *, caller: Caller = ALICE, workflow: str = WORKFLOW
+) -> StartResult:
+    admitter = Admitter.from_runtime(env.runtime, env.store("admission"))
+    return await admitter.start(caller, workflow, key, {"subjectRef": MARKER})
+
+
+async def listing(env: Served, **params: Any) -> dict[str, Any]:
+    params.setdefault("workflows", (WORKFLOW, OTHER))
+    return await reads.list_runs(env.store("recovery"), reads.ListFilter.build(**params))
+
+
+async def refused(code: str, action: Any) -> CoordinatorError:
+    with pytest.raises(CoordinatorError) as caught:
+        await action
+    assert caught.value.code == code, caught.value
+    return caught.value
+
+
+# ------------------------------------------------------------------------ status and owner
+
+
+async def test_status_is_the_document_the_start_answered(env: Served) -> None:
+    started = await start(env, "k-1")
+    assert await reads.status(env.store("recovery"), started.run_id) == started.status
+
+    await refused("run.not-found", reads.status(env.store("recovery"), "no-such-run"))
+    await refused("run.not-found", reads.status(env.store("recovery"), "../../etc"))
+
+
+async def test_status_follows_the_run_row(env: Served) -> None:
+    started = await start(env, "k-1")
+    await env.owner_execute(
+        "UPDATE {ns}.run SET state = 'failed', failure_kind = 'invalid-command', "
+        "failure_path = '/recipientRef', failure_step = 'call-notices', "
+        "ended_at = {ns}.now() WHERE id = $1",
+        started.run_id,
+    )
+    status = await reads.status(env.store("recovery"), started.run_id)
+    assert status["state"] == "failed"
+    assert status["failure"] == {
+        "kind": "invalid-command",
+        "failurePath": "/recipientRef",
+        "step": "call-notices",
+    }
+    assert status["endedAt"].endswith("Z")
+
+
+async def test_run_owner_names_workflow_and_principal(env: Served) -> None:
+    started = await start(env, "k-1", caller=BOB)
+    owner = await reads.run_owner(env.store("recovery"), started.run_id)
+    assert owner == reads.Owner(WORKFLOW, BOB.iss, BOB.sub)
+    assert await reads.run_owner(env.store("recovery"), "missing") is None
+
+
+# ------------------------------------------------------------------------------ inspection
+
+
+async def test_inspection_shows_steps_waits_holds_and_latest_actions(env: Served) -> None:
+    started = await start(env, "k-1")
+    run_id = started.run_id
+    await env.owner_execute(
+        "UPDATE {ns}.step SET state = 'completed', effect = 'accepted', attempts = 1, "
+        "command_key = $2, due_at = NULL, ended_at = {ns}.now() WHERE run_id = $1",
+        run_id,
+        COMMAND_KEY,
+    )
+    await env.owner_execute(
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, due_at) "
+        "VALUES ($1, 'pause', 2, 'wait-until', 'waiting', '2030-01-01T00:00:00Z')",
+        run_id,
+    )
+    await env.owner_execute(
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, due_at, next_check_at, "
+        "timeout_at, checks) VALUES ($1, 'await-decision', 3, 'wait-for', 'waiting', "
+        "'2030-01-02T00:00:00Z', '2030-01-02T00:00:00Z', '2030-02-01T00:00:00.5Z', 3)",
+        run_id,
+    )
+    await env.owner_execute("UPDATE {ns}.run SET state = 'waiting' WHERE id = $1", run_id)
+    await env.owner_execute("UPDATE {ns}.hold SET execution_hold = true")
+    for number in range(1, 13):
+        await env.owner_execute(
+            "INSERT INTO {ns}.operator_action (run_id, kind, reason) VALUES ($1, 'reconcile', $2)",
+            run_id,
+            f"INC-{number}",
+        )
+
+    doc = await reads.inspection(env.store("recovery"), run_id)
+
+    assert doc["runId"] == run_id and doc["state"] == "waiting"
+    assert [(s["step"], s["type"], s["state"]) for s in doc["steps"]] == [
+        ("call-notices", "call", "completed"),
+        ("pause", "wait-until", "waiting"),
+        ("await-decision", "wait-for", "waiting"),
+    ]
+    call, pause, decision = doc["steps"]
+    assert call["effect"] == "accepted" and call["attempts"] == 1 and "endedAt" in call
+    assert "wait" not in call
+    assert pause["wait"] == {"dueAt": "2030-01-01T00:00:00.000Z", "checks": 0}
+    assert decision["wait"] == {
+        "nextCheckAt": "2030-01-02T00:00:00.000Z",
+        "timeoutAt": "2030-02-01T00:00:00.500Z",
+        "checks": 3,
+    }
+    assert doc["holds"] == {"execution": True, "admission": False}
+    assert [a["reason"] for a in doc["lastOperatorActions"]] == [
+        f"INC-{n}" for n in range(12, 2, -1)
+    ]
+    assert all(set(a) == {"kind", "reason", "at"} for a in doc["lastOperatorActions"])
+    text = json.dumps(doc)
+    assert MARKER not in text and COMMAND_KEY not in text
+
+    await refused("run.not-found", reads.inspection(env.store("recovery"), "missing"))
+
+
+# ----------------------------------------------------------------------------------- lists
+
+
+async def _pages(env: Served, limit: int, **params: Any) -> list[list[str]]:
+    pages: list[list[str]] = []
+    cursor = ""
+    while True:
+        page = await listing(env, limit=limit, cursor=cursor, **params)
+        pages.append([run["runId"] for run in page["runs"]])
+        if page["nextCursor"] is None:
+            return pages
+        cursor = page["nextCursor"]
+        assert len(pages) < 20, "the cursor does not advance"
+
+
+async def test_lists_are_newest_first_and_page_by_cursor(env: Served) -> None:
+    ids = [(await start(env, f"k-{n}")).run_id for n in range(5)]
+
+    first = await listing(env)
+    assert [run["runId"] for run in first["runs"]] == ids[::-1]
+    assert first["nextCursor"] is None
+    assert first["runs"][0] == await reads.status(env.store("recovery"), ids[-1])
+
+    assert await _pages(env, 2) == [ids[4:2:-1], ids[2:0:-1], ids[:1]]
+
+
+async def test_paging_survives_identical_creation_times(env: Served) -> None:
+    ids = [(await start(env, f"k-{n}")).run_id for n in range(5)]
+    await env.owner_execute("UPDATE {ns}.run SET created_at = '2026-01-01T00:00:00Z'")
+
+    pages = await _pages(env, 2)
+    flat = [run_id for page in pages for run_id in page]
+    assert flat == sorted(ids, reverse=True)
+    assert [len(page) for page in pages] == [2, 2, 1]
+
+
+async def test_lists_filter_by_attention_state_workflow_and_principal(env: Served) -> None:
+    mine = await start(env, "k-1")
+    held = await start(env, "k-2")
+    other_flow = await start(env, "k-3", workflow=OTHER)
+    bobs = await start(env, "k-4", caller=BOB)
+    await env.owner_execute(
+        "UPDATE {ns}.run SET state = 'held', attention = true WHERE id = $1", held.run_id
+    )
+
+    def ids(page: dict[str, Any]) -> list[str]:
+        return [run["runId"] for run in page["runs"]]
+
+    assert ids(await listing(env, attention="true")) == [held.run_id]
+    assert set(ids(await listing(env, attention="false"))) == {
+        mine.run_id,
+        other_flow.run_id,
+        bobs.run_id,
+    }
+    assert ids(await listing(env, state="held")) == [held.run_id]
+    assert ids(await listing(env, state="succeeded")) == []
+    assert ids(await listing(env, workflow_id=OTHER)) == [other_flow.run_id]
+    assert set(ids(await listing(env, workflows=(WORKFLOW,)))) == {
+        mine.run_id,
+        held.run_id,
+        bobs.run_id,
+    }
+    # A workflow outside the caller's scope, or no scope at all, shows nothing.
+    assert ids(await listing(env, workflows=(WORKFLOW,), workflow_id=OTHER)) == []
+    assert ids(await listing(env, workflows=())) == []
+    # A non-operator sees only its own principal's runs.
+    assert ids(await listing(env, principal=(BOB.iss, BOB.sub))) == [bobs.run_id]
+    alices = await listing(env, principal=(ALICE.iss, ALICE.sub))
+    assert bobs.run_id not in ids(alices) and len(ids(alices)) == 3
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 101},
+        {"limit": -1},
+        {"attention": "yes"},
+        {"state": "done"},
+        {"cursor": "not-a-cursor"},
+    ],
+)
+async def test_lists_refuse_bad_parameters(env: Served, params: dict[str, Any]) -> None:
+    await refused("request.invalid", listing(env, **params))
+
+
+async def test_the_default_page_is_twenty(env: Served) -> None:
+    for n in range(21):
+        await start(env, f"k-{n}")
+    page = await listing(env)
+    assert len(page["runs"]) == 20 and page["nextCursor"] is not None
+    rest = await listing(env, cursor=page["nextCursor"], limit=100)
+    assert len(rest["runs"]) == 1 and rest["nextCursor"] is None
+
+
+# ------------------------------------------------------------------------ doctor, metrics
+
+
+async def _shape_runs(env: Served) -> None:
+    """Four runs: one held on an uncertain call, one waiting on a timer, one whose due step
+    a dispatcher leased, one due and unclaimed."""
+    held, waiting, leased, _due = [(await start(env, f"k-{n}")).run_id for n in range(4)]
+    await env.owner_execute(
+        "UPDATE {ns}.step SET state = 'uncertain', effect = 'unknown', due_at = NULL "
+        "WHERE run_id = $1",
+        held,
+    )
+    await env.owner_execute(
+        "UPDATE {ns}.run SET state = 'held', attention = true WHERE id = $1", held
+    )
+    await env.owner_execute(
+        "UPDATE {ns}.step SET state = 'completed', effect = 'accepted', due_at = NULL, "
+        "ended_at = {ns}.now() WHERE run_id = $1",
+        waiting,
+    )
+    await env.owner_execute(
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, due_at) "
+        "VALUES ($1, 'pause', 2, 'wait-until', 'waiting', {ns}.now() + interval '1 hour')",
+        waiting,
+    )
+    await env.owner_execute("UPDATE {ns}.run SET state = 'waiting' WHERE id = $1", waiting)
+    await env.owner_execute(
+        "UPDATE {ns}.step SET lease_owner = 'dispatcher-1', "
+        "lease_expires_at = {ns}.now() + interval '30 seconds', lease_epoch = 0 "
+        "WHERE run_id = $1",
+        leased,
+    )
+
+
+async def test_doctor_counts_the_store(env: Served) -> None:
+    await _shape_runs(env)
+    await env.owner_execute("UPDATE {ns}.hold SET admission_hold = true")
+
+    doc = await reads.doctor(env.store("recovery"), audit_ready=True, recovery_only=False)
+
+    checked = env.deployment.checked()
+    assert doc == {
+        "activationReady": True,
+        "schemaVersion": 4,
+        "databaseId": checked.config.deployment.database_id,
+        "workflows": [
+            {"id": wid, "digest": checked.packages[wid].digest} for wid in sorted((WORKFLOW, OTHER))
+        ],
+        "holds": {"execution": False, "admission": True},
+        "state": {
+            "auditReady": True,
+            "storeReady": True,
+            "uncertain": 1,
+            "held": 1,
+            "dueJobs": 1,
+            "waiting": 1,
+            "stateKeyVersionsInUse": [1],
+        },
+        "mode": "ordinary",
+    }
+
+
+async def test_doctor_reports_audit_activation_and_mode(
+    tmp_path: Path, database: DatabaseHandle
+) -> None:
+    async with served(tmp_path, database, components=("recovery",), recovery_only=True) as env:
+        await env.owner_execute(
+            "UPDATE {ns}.deployment SET activation_serial = activation_serial + 1"
+        )
+        doc = await reads.doctor(env.store("recovery"), audit_ready=False, recovery_only=True)
+    assert doc["activationReady"] is False
+    assert doc["state"]["auditReady"] is False
+    assert doc["state"]["stateKeyVersionsInUse"] == []
+    assert doc["mode"] == "recovery-only"
+
+
+def _samples(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = value
+    return found
+
+
+async def test_metrics_expose_store_gauges_without_identifying_labels(env: Served) -> None:
+    await _shape_runs(env)
+    await env.owner_execute("UPDATE {ns}.hold SET execution_hold = true")
+
+    text = await reads.metrics_text(env.store("recovery"))
+    samples = _samples(text)
+
+    expected_runs = {"running": 2, "waiting": 1, "held": 1}
+    for state in RUN_STATES:
+        assert samples[f'coordinator_runs{{state="{state}"}}'] == str(expected_runs.get(state, 0))
+    assert samples["coordinator_uncertain_steps"] == "1"
+    assert samples["coordinator_dispatch_jobs"] == "1"
+    assert samples['coordinator_holds{hold="execution"}'] == "1"
+    assert samples['coordinator_holds{hold="admission"}'] == "0"
+    assert samples["coordinator_store_available"] == "1"
+    for forbidden in ("workflow", "run_id", "principal", WORKFLOW):
+        assert forbidden not in text
+    assert "# TYPE coordinator_dispatch_jobs gauge" in text
+
+
+async def test_dispatch_jobs_is_present_at_zero(env: Served) -> None:
+    samples = _samples(await reads.metrics_text(env.store("recovery")))
+    assert samples["coordinator_dispatch_jobs"] == "0"
+    assert samples['coordinator_runs{state="running"}'] == "0"
