@@ -18,7 +18,7 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import server
-from core.runtime import Runtime, Store, raw
+from core.runtime import Runtime, Store
 
 log = logging.getLogger("coordinator.auditd")
 
@@ -119,5 +119,3 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
             await grpc_server.stop(grace=2.0)
         await journal.close()
         await store.close()
-        if not journal.ready:
-            raw("audit-unavailable", "the audit journal was not writable at shutdown")
