@@ -517,8 +517,16 @@ class StandIn:
         raise NotImplementedError
 
     def stats(self) -> dict[str, Any]:
-        """The ``/dev/stats`` document."""
-        return {"processed": dict(self.ledger.processed), "received": dict(self.ledger.received)}
+        """The ``/dev/stats`` document; ``answers`` shows what each processed command got back
+        (e.g. a ``messageId``), in the order the commands were first processed."""
+        return {
+            "processed": dict(self.ledger.processed),
+            "received": dict(self.ledger.received),
+            "answers": [
+                {"profile": record.profile, "status": record.status, "body": record.body}
+                for record in self.ledger.records.values()
+            ],
+        }
 
     # -- request handling ---------------------------------------------------------------------
 
