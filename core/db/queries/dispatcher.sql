@@ -1,0 +1,293 @@
+-- The dispatcher's queries: claiming due steps under a lease, finding abandoned leases,
+-- preparing commands, and settling each step's outcome together with the next step.
+--
+-- Every statement that changes a step the dispatcher works on names the lease owner, and
+-- those that record an outcome also name the hold epoch the lease was taken in: a lease
+-- taken before a restore-hold can no longer move its step (CONTRACT §10.5). All time comes
+-- from {{ns}}.now(), so tests move a fake clock instead of waiting.
+
+-- name: dispatcher_claim
+-- Lease up to $2 (integer) due, unclaimed steps of runs that have not ended to owner $1
+-- (text) for $3 (float8) seconds, oldest due first, skipping rows another dispatcher is
+-- claiming. Claims nothing while the execution hold is set. The lease records the current
+-- hold epoch. past_deadline tells a call step retried after its deadline.
+WITH h AS (
+    SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
+), due AS (
+    SELECT s.run_id, s.step_id
+      FROM {{ns}}.step s
+      JOIN {{ns}}.run r ON r.id = s.run_id
+     WHERE s.due_at IS NOT NULL
+       AND s.lease_owner IS NULL
+       AND s.due_at <= {{ns}}.now()
+       AND r.ended_at IS NULL
+       AND EXISTS (SELECT 1 FROM h)
+     ORDER BY s.due_at
+     LIMIT $2
+       FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE {{ns}}.step s
+   SET lease_owner = $1,
+       lease_expires_at = {{ns}}.now() + make_interval(secs => $3::float8),
+       lease_epoch = (SELECT epoch FROM h),
+       updated_at = {{ns}}.now()
+  FROM due
+ WHERE s.run_id = due.run_id AND s.step_id = due.step_id
+RETURNING s.run_id, s.step_id, s.seq, s.step_type, s.state, s.attempts,
+          s.command_payload_id, s.command_key,
+          coalesce(s.deadline_at <= {{ns}}.now(), false) AS past_deadline;
+
+-- name: dispatcher_expire_leases
+-- Find up to $1 (integer) leases that expired. A step whose command was prepared (and so
+-- may have been sent by the holder that vanished) becomes uncertain with an unknown effect
+-- and holds its run for an operator; any other step simply loses the lease and is due
+-- again. Answers how many leases were released and how many steps became uncertain.
+WITH expired AS (
+    SELECT run_id, step_id, state = 'prepared' AS abandoned
+      FROM {{ns}}.step
+     WHERE lease_owner IS NOT NULL AND lease_expires_at < {{ns}}.now()
+     ORDER BY lease_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE {{ns}}.step s
+       SET state = CASE WHEN e.abandoned THEN 'uncertain' ELSE s.state END,
+           effect = CASE WHEN e.abandoned THEN 'unknown' ELSE s.effect END,
+           due_at = CASE WHEN e.abandoned THEN NULL ELSE s.due_at END,
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+      FROM expired e
+     WHERE s.run_id = e.run_id AND s.step_id = e.step_id
+    RETURNING s.run_id, e.abandoned
+), held AS (
+    UPDATE {{ns}}.run r
+       SET state = 'held', attention = true, updated_at = {{ns}}.now()
+      FROM released
+     WHERE r.id = released.run_id AND released.abandoned AND r.ended_at IS NULL
+    RETURNING r.id
+)
+SELECT (SELECT count(*) FROM released) AS released,
+       (SELECT count(*) FROM released WHERE abandoned) AS uncertain;
+
+-- name: dispatcher_next_wake
+-- When the dispatcher next has something to do: seconds until the earliest due, unclaimed
+-- step of a live run and until the earliest lease expiry (each null when there is none;
+-- negative when already past), and whether the execution hold is set.
+SELECT extract(epoch FROM (
+           SELECT min(s.due_at)
+             FROM {{ns}}.step s
+             JOIN {{ns}}.run r ON r.id = s.run_id
+            WHERE s.due_at IS NOT NULL AND s.lease_owner IS NULL AND r.ended_at IS NULL
+       ) - {{ns}}.now())::float8 AS due_in,
+       extract(epoch FROM (
+           SELECT min(lease_expires_at) FROM {{ns}}.step WHERE lease_owner IS NOT NULL
+       ) - {{ns}}.now())::float8 AS lease_in,
+       (SELECT execution_hold FROM {{ns}}.hold) AS execution_hold;
+
+-- name: dispatcher_lease_renew
+-- Extend owner $3's (text) lease on step $2 (text) of run $1 (text) by $4 (float8)
+-- seconds from now. No row when the lease is no longer this owner's.
+UPDATE {{ns}}.step
+   SET lease_expires_at = {{ns}}.now() + make_interval(secs => $4::float8)
+ WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
+RETURNING lease_expires_at;
+
+-- name: dispatcher_step_lock
+-- Lock step $2 (text) of run $1 (text) for settling, only while owner $3 (text) holds the
+-- lease and the lease's hold epoch is the current one. No row means the lease was lost.
+-- Answers the namespace's clock too, so decisions about time use the database's now.
+SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling,
+       r.ended_at IS NOT NULL AS run_ended, {{ns}}.now() AS now
+  FROM {{ns}}.step s
+  JOIN {{ns}}.run r ON r.id = s.run_id
+ WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3
+   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold)
+   FOR UPDATE OF s;
+
+-- name: dispatcher_run_read
+-- The run $1 (text) as the dispatcher needs it: its package and when it was created.
+SELECT id, workflow_id, package_digest, state, cancelling, created_at,
+       ended_at IS NOT NULL AS ended
+  FROM {{ns}}.run
+ WHERE id = $1;
+
+-- name: dispatcher_scope_payloads
+-- The sealed values expressions of run $1 (text) can read: its input and the values its
+-- steps kept (call outputs and wait results).
+SELECT step_id, purpose, key_version, nonce, ciphertext
+  FROM {{ns}}.payload
+ WHERE run_id = $1 AND purpose IN ('input', 'output', 'wait-result')
+ ORDER BY id;
+
+-- name: dispatcher_payload_read
+-- One sealed payload by id $1 (bigint), with the run it belongs to.
+SELECT run_id, step_id, purpose, key_version, nonce, ciphertext
+  FROM {{ns}}.payload
+ WHERE id = $1;
+
+-- name: dispatcher_payload_insert
+-- Store a sealed payload: $1 run (text), $2 step (text), $3 purpose (text), $4 key version
+-- (integer), $5 nonce (bytea), $6 ciphertext (bytea). Answers its id.
+INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id;
+
+-- name: dispatcher_binding_read
+-- The recorded binding of connection $2 (text) for run $1 (text).
+SELECT connection, connection_type, base_url, client_id, issuer, scopes, audience, profile,
+       producer
+  FROM {{ns}}.binding
+ WHERE run_id = $1 AND connection = $2;
+
+-- name: dispatcher_command_prepare
+-- Commit the prepared command of call step $2 (text) of run $1 (text) before it is sent:
+-- owner $3 (text) must hold the lease in the current hold epoch with the execution hold
+-- off. $4 command payload id (bigint), $5 command key (text), $6 deadlineSeconds (integer;
+-- counted from the first attempt, which this may be). Counts the attempt. Answers whether
+-- this is the run's first command and how long ago the run was admitted.
+WITH before AS (
+    SELECT NOT EXISTS (
+               SELECT 1 FROM {{ns}}.step
+                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+           ) AS first_of_run,
+           (SELECT extract(epoch FROM {{ns}}.now() - created_at)::float8
+              FROM {{ns}}.run WHERE id = $1) AS since_admission
+)
+UPDATE {{ns}}.step s
+   SET state = 'prepared',
+       command_payload_id = $4,
+       command_key = $5,
+       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+       deadline_at = coalesce(s.deadline_at,
+                              {{ns}}.now() + make_interval(secs => $6::integer)),
+       attempts = s.attempts + 1,
+       updated_at = {{ns}}.now()
+  FROM before
+ WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
+RETURNING s.attempts, before.first_of_run, before.since_admission;
+
+-- name: dispatcher_step_unprepare
+-- Owner $3 (text) gives back step $2 (text) of run $1 (text) whose prepared command it
+-- knows it never sent: the step is ready again (command and key kept), due no sooner than
+-- $4 (float8) seconds from now, and its lease ends.
+UPDATE {{ns}}.step
+   SET state = CASE WHEN state = 'prepared' THEN 'ready' ELSE state END,
+       due_at = CASE
+                    WHEN due_at IS NULL THEN NULL
+                    ELSE greatest(due_at, {{ns}}.now() + make_interval(secs => $4::float8))
+                END,
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
+RETURNING state;
+
+-- name: dispatcher_step_release
+-- Owner $3 (text) gives up its lease on step $2 (text) of run $1 (text) without knowing
+-- the outcome, due again no sooner than $4 (float8) seconds from now. A prepared step
+-- may have been sent, so it becomes uncertain and holds its run instead.
+WITH released AS (
+    UPDATE {{ns}}.step
+       SET state = CASE WHEN state = 'prepared' THEN 'uncertain' ELSE state END,
+           effect = CASE WHEN state = 'prepared' THEN 'unknown' ELSE effect END,
+           due_at = CASE
+                        WHEN state = 'prepared' THEN NULL
+                        WHEN due_at IS NULL THEN NULL
+                        ELSE greatest(due_at, {{ns}}.now() + make_interval(secs => $4::float8))
+                    END,
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+     WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
+    RETURNING run_id, state
+), held AS (
+    UPDATE {{ns}}.run r
+       SET state = 'held', attention = true, updated_at = {{ns}}.now()
+      FROM released
+     WHERE r.id = released.run_id AND released.state = 'uncertain' AND r.ended_at IS NULL
+    RETURNING r.id
+)
+SELECT state FROM released;
+
+-- name: dispatcher_step_end
+-- End step $2 (text) of run $1 (text), locked by dispatcher_step_lock, in state $3
+-- (completed, refused or failed), with effect $4 (text; null keeps the present one).
+UPDATE {{ns}}.step
+   SET state = $3,
+       effect = coalesce($4::text, effect),
+       due_at = NULL,
+       ended_at = {{ns}}.now(),
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2;
+
+-- name: dispatcher_step_uncertain
+-- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was sent and its effect
+-- is unknown: it waits for an operator and is never resent by the dispatcher.
+UPDATE {{ns}}.step
+   SET state = 'uncertain', effect = 'unknown', due_at = NULL,
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2;
+
+-- name: dispatcher_step_retry
+-- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was definitely not
+-- processed: it is ready again, due in $3 (float8) seconds, with the same command and key.
+UPDATE {{ns}}.step
+   SET state = 'ready',
+       due_at = {{ns}}.now() + make_interval(secs => $3::float8),
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2
+RETURNING due_at;
+
+-- name: dispatcher_step_wait
+-- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, waits: due at $3
+-- (timestamptz; null when only an outside event can wake it), timing out at $4
+-- (timestamptz or null).
+UPDATE {{ns}}.step
+   SET state = 'waiting',
+       due_at = $3::timestamptz,
+       timeout_at = coalesce($4::timestamptz, timeout_at),
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2;
+
+-- name: dispatcher_step_insert
+-- Make step $2 (text, type $4) of run $1 (text) the run's next step, number $3 (integer),
+-- due now — unless the run has ended meanwhile (then no row).
+INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
+SELECT $1, $2, $3, $4, 'ready', {{ns}}.now()
+ WHERE EXISTS (SELECT 1 FROM {{ns}}.run WHERE id = $1 AND ended_at IS NULL)
+RETURNING due_at;
+
+-- name: dispatcher_now
+-- The namespace's clock (the fake one in tests).
+SELECT {{ns}}.now() AS now;
+
+-- name: dispatcher_run_progress
+-- Run $1 (text) is live in state $2 (running or waiting); an ended run stays as it is.
+UPDATE {{ns}}.run
+   SET state = $2, updated_at = {{ns}}.now()
+ WHERE id = $1 AND ended_at IS NULL;
+
+-- name: dispatcher_run_hold
+-- Run $1 (text) has an uncertain step: held for an operator, with attention.
+UPDATE {{ns}}.run
+   SET state = 'held', attention = true, updated_at = {{ns}}.now()
+ WHERE id = $1 AND ended_at IS NULL;
+
+-- name: dispatcher_run_end
+-- End run $1 (text) in state $2 (succeeded or failed) with outcome $3 (text or null) and
+-- failure $4 kind, $5 JSON pointer, $6 step (each text or null). A run that is being
+-- cancelled ends cancelled instead, keeping the outcome its cancel path reached.
+UPDATE {{ns}}.run
+   SET state = CASE WHEN cancelling THEN 'cancelled' ELSE $2 END,
+       outcome = $3,
+       failure_kind = CASE WHEN cancelling THEN NULL ELSE $4 END,
+       failure_path = CASE WHEN cancelling THEN NULL ELSE $5 END,
+       failure_step = CASE WHEN cancelling THEN NULL ELSE $6 END,
+       ended_at = {{ns}}.now(),
+       updated_at = {{ns}}.now()
+ WHERE id = $1 AND ended_at IS NULL
+RETURNING state;

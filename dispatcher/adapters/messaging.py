@@ -1,0 +1,7 @@
+"""Requests to Messaging (connection type ``messaging``), as the catalogue describes them."""
+
+from __future__ import annotations
+
+from dispatcher.adapters.base import CatalogueAdapter
+
+ADAPTER = CatalogueAdapter("messaging")

@@ -1,0 +1,7 @@
+"""Requests to Scheduling (connection type ``scheduling``), as the catalogue describes them."""
+
+from __future__ import annotations
+
+from dispatcher.adapters.base import CatalogueAdapter
+
+ADAPTER = CatalogueAdapter("scheduling")

@@ -1,0 +1,151 @@
+"""Claiming due work, finding abandoned leases, and waking up when there is work (§9.2).
+
+Dispatchers claim due steps with ``FOR UPDATE SKIP LOCKED`` under a lease, so any number
+of replicas share one database and each step is worked on by one of them at a time. An idle
+dispatcher does not poll on a fixed interval: it ``LISTEN``s on ``<namespace>_due`` (the
+step table's trigger notifies whenever a step becomes due and unclaimed) and on
+``<namespace>_hold``, on one dedicated connection, and otherwise sleeps until the next due
+instant or lease expiry it read from the database — capped, so that a missed notification
+(a dropped listening connection) costs seconds, not a stuck run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core import clock
+from core.errors import CoordinatorError
+from core.runtime import Store
+from dispatcher.context import Claimed, DispatchSettings, transaction
+
+log = logging.getLogger("coordinator.dispatcher")
+
+LISTEN_RETRY_SECONDS = 1.0
+# Something is due but another dispatcher is still committing its claim of it: look again
+# soon, but not in a tight loop.
+BUSY_FLOOR_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one look for expired leases found."""
+
+    released: int
+    uncertain: int
+
+
+@dataclass(frozen=True)
+class Wake:
+    """When to look for work again."""
+
+    due_in: float | None
+    lease_in: float | None
+    execution_hold: bool
+
+    def delay(self, cap: float) -> float:
+        """Seconds to sleep (unless notified): until the next due step or lease expiry."""
+        if self.execution_hold:
+            return cap
+        candidates = [s for s in (self.due_in, self.lease_in) if s is not None]
+        if not candidates:
+            return cap
+        return min(cap, max(BUSY_FLOOR_SECONDS, min(candidates)))
+
+
+class Claimer:
+    """The claim queries of one dispatcher (identified by ``owner``)."""
+
+    def __init__(self, store: Store, owner: str, settings: DispatchSettings) -> None:
+        self.store = store
+        self.owner = owner
+        self.settings = settings
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        """Lease up to ``limit`` due steps to this dispatcher."""
+        if limit <= 0:
+            return []
+        async with transaction(self.store) as conn:
+            rows = await conn.fetch(
+                self.store.queries["dispatcher_claim"],
+                self.owner,
+                limit,
+                self.settings.lease_seconds,
+            )
+        return [Claimed.from_row(row) for row in rows]
+
+    async def sweep(self) -> Sweep:
+        """Release expired leases; a prepared step among them becomes uncertain."""
+        async with transaction(self.store) as conn:
+            row = await conn.fetchrow(
+                self.store.queries["dispatcher_expire_leases"], self.settings.sweep_limit
+            )
+        found = Sweep(int(row["released"]), int(row["uncertain"]))
+        if found.uncertain:
+            log.warning(
+                "%d step(s) with an expired lease had a prepared command; now uncertain",
+                found.uncertain,
+            )
+        return found
+
+    async def next_wake(self) -> Wake:
+        """The next due instant and lease expiry, relative to the database's clock."""
+        async with transaction(self.store) as conn:
+            row = await conn.fetchrow(self.store.queries["dispatcher_next_wake"])
+        return Wake(row["due_in"], row["lease_in"], bool(row["execution_hold"]))
+
+    def idle_cap(self) -> float:
+        """The longest idle wait: short under the test clock, whose moves notify nobody."""
+        if clock.enabled():
+            return self.settings.test_clock_idle_cap_seconds
+        return self.settings.idle_cap_seconds
+
+
+class Listener:
+    """``LISTEN`` on the namespace's due and hold channels on one dedicated connection."""
+
+    def __init__(self, store: Store, on_notify: Callable[[], None]) -> None:
+        self.store = store
+        self.on_notify = on_notify
+        namespace = store.runtime.config.namespace
+        self.channels = (f"{namespace}_due", f"{namespace}_hold")
+        self.listening = asyncio.Event()
+
+    def _callback(self, *_args: Any) -> None:
+        self.on_notify()
+
+    async def run(self) -> None:
+        """Listen until cancelled; reconnect after the connection is lost."""
+        while True:
+            lost = asyncio.Event()
+
+            def on_lost(_conn: Any, lost: asyncio.Event = lost) -> None:
+                lost.set()
+
+            try:
+                async with self.store.connection() as conn:
+                    conn.add_termination_listener(on_lost)
+                    for channel in self.channels:
+                        await conn.add_listener(channel, self._callback)
+                    self.listening.set()
+                    # Work may have become due while nobody listened.
+                    self.on_notify()
+                    try:
+                        await lost.wait()
+                    finally:
+                        self.listening.clear()
+                        conn.remove_termination_listener(on_lost)
+                        if not conn.is_closed():
+                            for channel in self.channels:
+                                with contextlib.suppress(Exception):
+                                    await conn.remove_listener(channel, self._callback)
+            except Exception as exc:
+                # Whatever broke the listening connection, the capped idle wait keeps work
+                # moving meanwhile; listen again shortly.
+                detail = exc.code if isinstance(exc, CoordinatorError) else type(exc).__name__
+                log.warning("not listening for due work (%s); trying again", detail)
+            await asyncio.sleep(LISTEN_RETRY_SECONDS)

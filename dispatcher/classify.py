@@ -1,0 +1,126 @@
+"""What a product's answer to a command means (CONTRACT §9.3 step 4). Pure functions.
+
+Four results, and the only question each one answers is "could the product have processed
+this command?":
+
+- ``accepted``: a 2xx answer whose body is a JSON object. The product took the command.
+- ``retryable``: the product certainly did not process it — the connection was never
+  established, or it answered 429, or 503 with the problem code ``service.unavailable``.
+  The same command is sent again later with the same key.
+- ``refused``: 400, 401, 403, 404, 409 or 422 — the product looked at the command and said
+  no. (The caller handles 401's one resend with a fresh token.)
+- ``uncertain``: anything else, including a 2xx whose body cannot be read, a 5xx other than
+  the retryable 503, a timeout or reset after the request went out. Nobody can tell whether
+  it was processed, so it is never resent automatically.
+
+``reason`` strings name the status and problem code or the failure class only; they never
+quote a body, since a product's answer may carry personal data.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+ACCEPTED: Final = "accepted"
+RETRYABLE: Final = "retryable"
+REFUSED: Final = "refused"
+UNCERTAIN: Final = "uncertain"
+RESULTS: Final = (ACCEPTED, RETRYABLE, REFUSED, UNCERTAIN)
+
+REFUSAL_STATUSES: Final = frozenset({400, 401, 403, 404, 409, 422})
+RETRYABLE_PROBLEM: Final = "service.unavailable"
+_CODE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+# Failures raised before a single byte of the request left: the connection never existed
+# (refused, DNS, TLS handshake, connect timeout) or no pooled connection was free.
+_NEVER_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# Failures of building the request itself, also before anything was sent.
+_NOT_BUILT: Final = (httpx.UnsupportedProtocol, httpx.InvalidURL)
+
+
+@dataclass(frozen=True)
+class Classified:
+    """One answer (or failure) and what it means."""
+
+    result: str
+    """accepted, retryable, refused or uncertain."""
+    reason: str
+    """A short, value-free description for logs (``503 service.unavailable``)."""
+    status: int | None = None
+    """The HTTP status, when there was an answer."""
+    response: dict[str, Any] | None = None
+    """The parsed body of an accepted answer."""
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _problem_code(body: bytes) -> str | None:
+    document = _json(body)
+    code = document.get("code") if isinstance(document, dict) else None
+    # Only a code-shaped value is repeated: reasons go to logs.
+    if isinstance(code, str) and _CODE.fullmatch(code):
+        return code
+    return None
+
+
+def classify_answer(status: int, body: bytes) -> Classified:
+    """Classify an HTTP answer by its status and body."""
+    if 200 <= status < 300:
+        document = _json(body)
+        if isinstance(document, dict):
+            return Classified(ACCEPTED, f"{status}", status, document)
+        return Classified(UNCERTAIN, f"{status} with a body that is not a JSON object", status)
+    if status == 429:
+        return Classified(RETRYABLE, "429", status)
+    if status == 503:
+        code = _problem_code(body)
+        if code == RETRYABLE_PROBLEM:
+            return Classified(RETRYABLE, f"503 {RETRYABLE_PROBLEM}", status)
+        # A 503 from something else on the path (a proxy, a draining server) does not
+        # promise that the product left the command alone.
+        return Classified(UNCERTAIN, "503 without service.unavailable", status)
+    if status in REFUSAL_STATUSES:
+        code = _problem_code(body)
+        return Classified(REFUSED, f"{status} {code}" if code else f"{status}", status)
+    return Classified(UNCERTAIN, f"{status}", status)
+
+
+def classify_failure(error: BaseException) -> Classified:
+    """Classify a failure to get an answer at all."""
+    if isinstance(error, _NEVER_SENT):
+        return Classified(RETRYABLE, f"never connected ({type(error).__name__})")
+    if isinstance(error, _NOT_BUILT):
+        return Classified(RETRYABLE, f"request not sent ({type(error).__name__})")
+    # Read/write timeouts, resets and protocol errors all happen on an established
+    # connection: the request may have reached the product.
+    return Classified(UNCERTAIN, f"no answer ({type(error).__name__})")
+
+
+def retry_delay(
+    retries: int,
+    *,
+    first: float = 1.0,
+    cap: float = 300.0,
+    jitter: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait before attempt ``retries + 1`` after ``retries`` retryable answers.
+
+    Doubles from ``first`` up to ``cap``, plus up to a quarter more at random so that steps
+    refused together by a recovering product do not come back together.
+    """
+    if retries < 1:
+        raise ValueError("retries counts the retryable answers so far (at least 1)")
+    base = min(cap, first * 2.0 ** min(retries - 1, 62))
+    return float(min(cap, base * (1.0 + 0.25 * jitter())))

@@ -1,0 +1,295 @@
+"""The dispatcher: the claim loop, the steps in flight, and a graceful stop.
+
+:meth:`Dispatcher.run` loops until cancelled: release expired leases, claim as many due
+steps as there are free slots (at most ``concurrency`` in flight), start one task per step,
+then sleep until notified (``LISTEN``), until a task finishes, or until the next due instant
+the database reported — whichever comes first.
+
+Stopping (the task is cancelled; the launcher does that on SIGTERM): claim nothing more;
+steps that have sent nothing are given back at once (a prepared but unsent command becomes
+ready again); steps whose command is out get ``shutdown_budget_seconds`` to be answered and
+recorded, after which they are cut off and marked uncertain — they are never resent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable
+
+import asyncpg
+import httpx
+
+from core.crypto import Keyring, keyring_from_config
+from core.errors import CoordinatorError
+from core.runtime import Store
+from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
+from dispatcher.claim import Claimer, Listener
+from dispatcher.context import Claimed, DispatchSettings, WorkflowCache, load_run, transaction
+from dispatcher.metrics import DispatchMetrics
+from dispatcher.settle import Settler
+from dispatcher.steps import call, choose, finish, wait_for, wait_until
+from dispatcher.steps.base import WORKING, Flight, StepEnv
+from dispatcher.tokens import ConnectionTokens
+
+log = logging.getLogger("coordinator.dispatcher")
+
+# A product that never answers is cut off by the read timeout (the call becomes uncertain);
+# connecting is short so that an unreachable product is a quick, definite retry.
+PRODUCT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=5.0)
+STORE_WAIT_SECONDS = 1.0
+# Recording a given-back step; with the shutdown budget this keeps a stop under ~10 s.
+GIVE_BACK_SECONDS = 2.0
+
+
+def product_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """The HTTP client for products and the issuer (explicit connect/read/write timeouts)."""
+    return httpx.AsyncClient(timeout=PRODUCT_TIMEOUT, transport=transport, follow_redirects=False)
+
+
+class Dispatcher:
+    """One dispatcher replica working on one deployment's database."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        keyring: Keyring,
+        admission_key: bytes,
+        tokens: ConnectionTokens,
+        http: httpx.AsyncClient,
+        settings: DispatchSettings | None = None,
+        metrics: DispatchMetrics | None = None,
+        owner: str | None = None,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self.store = store
+        self.settings = settings or DispatchSettings()
+        self.metrics = metrics or DispatchMetrics()
+        # The owner names this replica in lease columns; unique per process start so a
+        # restarted dispatcher never mistakes an old lease for its own.
+        self.owner = owner or f"dispatcher-{uuid.uuid4().hex[:16]}"
+        self.claimer = Claimer(store, self.owner, self.settings)
+        self.settler = Settler(store, keyring, self.owner)
+        self.workflows = WorkflowCache()
+        self.env = StepEnv(
+            store=store,
+            settler=self.settler,
+            settings=self.settings,
+            metrics=self.metrics,
+            keyring=keyring,
+            admission_key=admission_key,
+            tokens=tokens,
+            http=http,
+            stopping=lambda: self.stopping,
+            jitter=jitter,
+        )
+        self.stopping = False
+        self.executed = 0
+        """Steps this dispatcher finished working on (whatever the outcome)."""
+        self.progress = asyncio.Condition()
+        """Notified whenever a step execution ends; tests wait on it instead of sleeping."""
+        self._wake = asyncio.Event()
+        self._flights: dict[asyncio.Task[None], Flight] = {}
+        self.listener = Listener(store, self._wake.set)
+
+    @classmethod
+    def from_store(
+        cls,
+        store: Store,
+        http: httpx.AsyncClient,
+        *,
+        settings: DispatchSettings | None = None,
+        metrics: DispatchMetrics | None = None,
+        owner: str | None = None,
+    ) -> Dispatcher:
+        """A dispatcher for the store's runtime file: its keys and connections."""
+        runtime = store.runtime
+        config = runtime.config
+        return cls(
+            store,
+            keyring=keyring_from_config(config, runtime.resolver),
+            admission_key=runtime.resolver.read_key(config.deployment.admission_key_ref),
+            tokens=ConnectionTokens(config, runtime.resolver, http),
+            http=http,
+            settings=settings,
+            metrics=metrics,
+            owner=owner,
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Steps being worked on now."""
+        return len(self._flights)
+
+    def wake(self) -> None:
+        """Look for work now (a notification does the same)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------------- the loop
+
+    async def run(self) -> None:
+        """Claim and execute due work until cancelled, then stop gracefully."""
+        listening = asyncio.create_task(self.listener.run(), name="dispatcher-listen")
+        try:
+            while True:
+                delay = await self._look()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+        finally:
+            self.stopping = True
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listening
+            await self._stop_flights()
+
+    async def _look(self) -> float:
+        """One round: sweep, claim, start tasks. Answers how long to sleep if not woken."""
+        self._wake.clear()
+        try:
+            await self.claimer.sweep()
+            free = self.settings.concurrency - len(self._flights)
+            claimed = await self.claimer.claim(free)
+            for step in claimed:
+                self._start(step)
+            if free > 0 and len(claimed) == free:
+                return 0.0  # there may be more due work than slots were free
+            if free <= len(claimed):
+                return self.claimer.idle_cap()  # full: a finishing task wakes the loop
+            wake = await self.claimer.next_wake()
+            return wake.delay(self.claimer.idle_cap())
+        except CoordinatorError as exc:
+            if exc.code != "service.unavailable":
+                raise
+            return STORE_WAIT_SECONDS
+        except asyncpg.PostgresError as exc:
+            # A deadlock or a cancelled statement is worth another look, not a crash.
+            log.warning("looking for due work failed (%s); looking again", type(exc).__name__)
+            return STORE_WAIT_SECONDS
+
+    def _start(self, step: Claimed) -> None:
+        flight = Flight()
+        task = asyncio.create_task(self._execute(step, flight), name=f"step-{step.step_id}")
+        self._flights[task] = flight
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._flights.pop(task, None)
+        self._wake.set()
+
+    async def run_once(self) -> int:
+        """Sweep, claim every due step there is room for, execute them, and wait for them.
+
+        For tests and tools that drive the dispatcher step by step; answers how many steps
+        were executed.
+        """
+        await self.claimer.sweep()
+        claimed = await self.claimer.claim(self.settings.concurrency)
+        flights = [Flight() for _ in claimed]
+        await asyncio.gather(
+            *(self._execute(step, flight) for step, flight in zip(claimed, flights, strict=True))
+        )
+        return len(claimed)
+
+    async def drain(self, limit: int = 100) -> int:
+        """:meth:`run_once` until nothing is due; answers the total executed."""
+        total = 0
+        for _ in range(limit):
+            done = await self.run_once()
+            if not done:
+                return total
+            total += done
+        raise RuntimeError(f"work was still due after {limit} rounds")
+
+    # ---------------------------------------------------------------------- one step
+
+    async def _execute(self, claimed: Claimed, flight: Flight) -> None:
+        renewing = asyncio.create_task(self._renew(claimed))
+        try:
+            await self._run_step(claimed, flight)
+        except asyncio.CancelledError:
+            await self._give_back(claimed, flight, 0.0)
+            raise
+        except Exception as exc:
+            detail = exc.detail if isinstance(exc, CoordinatorError) else ""
+            log.error(
+                "step %s of run %s failed unexpectedly (%s%s); it will be tried again",
+                claimed.step_id,
+                claimed.run_id,
+                type(exc).__name__,
+                f": {detail}" if detail else "",
+            )
+            await self._give_back(claimed, flight, self.settings.error_retry_seconds)
+        finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+            self.executed += 1
+            async with self.progress:
+                self.progress.notify_all()
+
+    async def _run_step(self, claimed: Claimed, flight: Flight) -> None:
+        async with transaction(self.store) as conn:
+            run = await load_run(
+                conn, self.store, self.settler.keyring, self.workflows, claimed.run_id
+            )
+        if run is None:
+            await self.settler.release(claimed)
+            return
+        step = run.workflow.step(claimed.step_id)
+        env = self.env
+        if isinstance(step, CallStep):
+            await call.execute(env, claimed, run, step, flight)
+        elif isinstance(step, ChooseStep):
+            await choose.execute(env, claimed, run, step, flight)
+        elif isinstance(step, WaitUntilStep):
+            await wait_until.execute(env, claimed, run, step, flight)
+        elif isinstance(step, WaitForStep):
+            await wait_for.execute(env, claimed, run, step, flight)
+        elif isinstance(step, FinishStep):
+            await finish.execute(env, claimed, run, step, flight)
+
+    async def _give_back(self, claimed: Claimed, flight: Flight, delay: float) -> None:
+        """Give up the lease without an outcome; what was sent becomes uncertain."""
+        try:
+            async with asyncio.timeout(GIVE_BACK_SECONDS):
+                if flight.phase == WORKING:
+                    await self.settler.unprepare(claimed, delay)
+                else:
+                    await self.settler.release(claimed, delay)
+        except (TimeoutError, CoordinatorError, OSError):
+            # The lease runs out by itself; whoever finds it then treats a prepared
+            # command as uncertain.
+            log.warning("could not give back step %s of run %s", claimed.step_id, claimed.run_id)
+
+    async def _renew(self, claimed: Claimed) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.settler.renew(claimed, self.settings.lease_seconds):
+                    log.warning(
+                        "lease on step %s of run %s was lost", claimed.step_id, claimed.run_id
+                    )
+                    return
+            except (CoordinatorError, OSError):
+                continue  # the store is away; the lease may still hold when it returns
+
+    # ---------------------------------------------------------------------- stopping
+
+    async def _stop_flights(self) -> None:
+        """Give back unsent work now; wait a while for sent commands, then cut them off."""
+        for task, flight in list(self._flights.items()):
+            if flight.phase == WORKING:
+                task.cancel()
+        tasks = set(self._flights)
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_budget_seconds)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=GIVE_BACK_SECONDS + 1.0)

@@ -1,0 +1,1 @@
+"""Step executors, one module per step type (CONTRACT §3, §9)."""

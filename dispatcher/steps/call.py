@@ -1,0 +1,255 @@
+"""``call``: one product operation, sent at most once unless the product proves otherwise
+(CONTRACT §9.3).
+
+The order is the whole point:
+
+1. Map the command from the run's values and check it against the operation's command
+   schema. A broken command fails the run with ``invalid-command`` and its JSON pointer;
+   nothing is sent.
+2. Obtain the connection's access token (a failure here sends nothing; try again later).
+3. Commit the sealed command and its command key as *prepared* — before a byte leaves.
+4. Send it, outside any transaction, with ``Idempotency-Key: <command key>``.
+5. Classify the answer and commit the outcome together with the next step:
+   accepted → keep the response and the mapped output, continue (a mapping that fails is
+   ``mapping-invalid``, the effect staying accepted); definitely not processed → the same
+   command and key again after a growing delay, until the deadline; refused → ``onRefused``
+   or the run fails ``refused`` (a 401 first gets one resend with a fresh token); anything
+   else → uncertain: effect unknown, the run held for an operator, never resent here.
+
+A retry finds the command already stored and sends exactly those bytes' worth of meaning
+again under the same key; it never maps anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from core.derive import command_key
+from core.errors import CoordinatorError
+from core.workflow.catalogue import Operation
+from core.workflow.model import CallStep
+from dispatcher.adapters import (
+    Binding,
+    ProductRequest,
+    RequestUnbuildable,
+    adapter_for,
+)
+from dispatcher.classify import (
+    ACCEPTED,
+    REFUSED,
+    RETRYABLE,
+    Classified,
+    classify_answer,
+    classify_failure,
+    retry_delay,
+)
+from dispatcher.context import Claimed, RunView, open_json, transaction
+from dispatcher.mapping import map_command, map_output
+from dispatcher.settle import Failure, Tx
+from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv
+from dispatcher.token_client import TokenUnavailable
+
+log = logging.getLogger("coordinator.dispatcher")
+
+
+async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
+    async def fail(tx: Tx) -> None:
+        await tx.end_run(step_state="failed", run_state="failed", failure=failure)
+
+    await env.settler.settle(claimed, fail)
+
+
+async def _read_inputs(
+    env: StepEnv, claimed: Claimed, run: RunView, step: CallStep
+) -> tuple[Any, Binding | None]:
+    """The stored command of an earlier attempt (or None) and the run's binding."""
+    queries = env.store.queries
+    async with transaction(env.store) as conn:
+        command: Any = None
+        if claimed.command_payload_id is not None:
+            row = await conn.fetchrow(
+                queries["dispatcher_payload_read"], claimed.command_payload_id
+            )
+            if row is None or row["run_id"] != run.id or row["purpose"] != "command":
+                raise CoordinatorError(
+                    "state.payload-unauthentic", "the step's command payload is missing"
+                )
+            command = open_json(env.keyring, env.namespace, run.id, "command", row)
+        binding_row = await conn.fetchrow(
+            queries["dispatcher_binding_read"], run.id, step.connection
+        )
+    return command, None if binding_row is None else Binding.from_row(binding_row)
+
+
+async def _send(
+    env: StepEnv, request: ProductRequest, connection_type: str, flight: Flight
+) -> Classified:
+    """Send one request and classify what came back (or did not)."""
+    flight.phase = SENDING
+    started = time.monotonic()
+    try:
+        answer = await env.http.request(
+            request.method, request.url, content=request.body, headers=request.headers
+        )
+        result = classify_answer(answer.status_code, answer.content)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # any failure to get an answer is classified, never raised
+        result = classify_failure(exc)
+    env.metrics.record_call(connection_type, result.result, time.monotonic() - started)
+    return result
+
+
+async def _token(env: StepEnv, connection: str) -> str | None:
+    try:
+        return await env.tokens.token(connection)
+    except (TokenUnavailable, CoordinatorError) as exc:
+        # Nothing was sent: the step stays ready and is tried again. The message names
+        # the issuer, client and OAuth error code only.
+        log.warning("no access token for connection %s: %s", connection, exc)
+        return None
+
+
+async def execute(
+    env: StepEnv, claimed: Claimed, run: RunView, step: CallStep, flight: Flight
+) -> None:
+    """Work on a claimed call step; see the module docstring for the order of things."""
+    if claimed.state == "prepared":
+        # Claimed with a prepared command and no record of its sending: whoever prepared
+        # it may have sent it. Only an operator can settle that.
+        async def hold(tx: Tx) -> None:
+            await tx.uncertain()
+
+        await env.settler.settle(claimed, hold)
+        return
+    if claimed.past_deadline:
+        await _fail(env, claimed, Failure("deadline-exceeded"))
+        return
+
+    connection_type = run.workflow.connections[step.connection]
+    adapter = adapter_for(connection_type)
+    op = adapter.operation(step.operation)
+    stored, binding = await _read_inputs(env, claimed, run, step)
+    if binding is None:
+        raise CoordinatorError(
+            "binding.conflict", f"the run has no binding for connection '{step.connection}'"
+        )
+    if stored is not None:
+        command = stored
+    else:
+        mapped = map_command(op, step.input, run.scope)
+        if not mapped.ok:
+            await _fail(env, claimed, Failure("invalid-command", mapped.failure_path))
+            return
+        command = mapped.value
+    key = claimed.command_key or command_key(env.admission_key, run.id, step.id)
+    try:
+        adapter.build(op, binding, command, key, token="")
+    except RequestUnbuildable as unbuildable:
+        await _fail(env, claimed, Failure("invalid-command", unbuildable.pointer))
+        return
+
+    token = await _token(env, step.connection)
+    if token is None or env.stopping():
+        await env.settler.unprepare(
+            claimed, 0.0 if token is not None else env.settings.error_retry_seconds
+        )
+        return
+    prepared = await env.settler.prepare(
+        claimed,
+        command=command,
+        command_payload_id=claimed.command_payload_id,
+        command_key=key,
+        deadline_seconds=step.deadline_seconds,
+    )
+    if prepared is None:
+        # The lease was lost or execution is held: send nothing, and let go of the lease
+        # if it is still ours (a no-op otherwise).
+        await env.settler.unprepare(claimed)
+        return
+    if env.stopping():
+        await env.settler.unprepare(claimed)
+        return
+    if prepared.first_of_run:
+        env.metrics.record_first_dispatch(prepared.since_admission)
+
+    result = await _send(
+        env, adapter.build(op, binding, command, key, token), connection_type, flight
+    )
+    if result.result == REFUSED and result.status == 401:
+        # The product did not process it; its verdict may only be about a stale token.
+        env.tokens.invalidate(step.connection)
+        fresh = await _token(env, step.connection)
+        if fresh is None:
+            result = Classified(RETRYABLE, "401, and no fresh token", 401)
+        else:
+            result = await _send(
+                env, adapter.build(op, binding, command, key, fresh), connection_type, flight
+            )
+    flight.phase = SETTLING
+    await _record(env, claimed, run, step, op, result, prepared.attempts)
+
+
+async def _record(
+    env: StepEnv,
+    claimed: Claimed,
+    run: RunView,
+    step: CallStep,
+    op: Operation,
+    result: Classified,
+    attempts: int,
+) -> None:
+    """Commit the classified answer and what follows from it, in one transaction."""
+    if result.result != ACCEPTED:
+        log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
+
+    async def accepted(tx: Tx) -> None:
+        response = result.response
+        await tx.keep("response", response)
+        mapped = map_output(op, step.output, run.scope, response)
+        if not mapped.ok:
+            await tx.end_run(
+                step_state="failed",
+                run_state="failed",
+                effect="accepted",
+                failure=Failure("mapping-invalid", mapped.failure_path),
+            )
+            return
+        await tx.keep("output", mapped.value)
+        await tx.advance(run.workflow, step.next, effect="accepted")
+
+    async def retryable(tx: Tx) -> None:
+        delay = retry_delay(
+            attempts,
+            first=env.settings.retry_first_seconds,
+            cap=env.settings.retry_cap_seconds,
+            jitter=env.jitter,
+        )
+        if not await tx.retry(delay):
+            await tx.end_run(
+                step_state="failed", run_state="failed", failure=Failure("deadline-exceeded")
+            )
+
+    async def refused(tx: Tx) -> None:
+        if step.on_refused is not None:
+            await tx.advance(run.workflow, step.on_refused, state="refused")
+        else:
+            await tx.end_run(step_state="refused", run_state="failed", failure=Failure("refused"))
+
+    async def uncertain(tx: Tx) -> None:
+        await tx.uncertain()
+
+    action = {ACCEPTED: accepted, RETRYABLE: retryable, REFUSED: refused}.get(
+        result.result, uncertain
+    )
+    done, _ = await env.settler.settle(claimed, action)
+    if not done:
+        log.warning(
+            "call %s of run %s: the lease was lost before its %s answer was recorded",
+            step.id,
+            run.id,
+            result.result,
+        )

@@ -1,0 +1,29 @@
+"""``choose``: continue at the first branch whose predicate holds, else at ``otherwise``."""
+
+from __future__ import annotations
+
+from core.workflow.expr import holds
+from core.workflow.model import ChooseStep
+from dispatcher.context import Claimed, RunView
+from dispatcher.settle import Tx
+from dispatcher.steps.base import Flight, StepEnv
+
+
+def pick(step: ChooseStep, run: RunView) -> str:
+    """The step a choose continues at."""
+    for branch in step.branches:
+        if holds(branch.when, run.scope):
+            return branch.next
+    return step.otherwise
+
+
+async def execute(
+    env: StepEnv, claimed: Claimed, run: RunView, step: ChooseStep, flight: Flight
+) -> None:
+    """Decide and make the chosen step due, in one transaction."""
+    target = pick(step, run)
+
+    async def advance(tx: Tx) -> None:
+        await tx.advance(run.workflow, target)
+
+    await env.settler.settle(claimed, advance)

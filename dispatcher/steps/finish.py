@@ -1,0 +1,19 @@
+"""``finish``: the run ends with one of its declared outcomes."""
+
+from __future__ import annotations
+
+from core.workflow.model import FinishStep
+from dispatcher.context import Claimed, RunView
+from dispatcher.settle import Tx
+from dispatcher.steps.base import Flight, StepEnv
+
+
+async def execute(
+    env: StepEnv, claimed: Claimed, run: RunView, step: FinishStep, flight: Flight
+) -> None:
+    """End the run (succeeded; cancelled when a cancel path led here) with the outcome."""
+
+    async def finish(tx: Tx) -> None:
+        await tx.end_run(step_state="completed", run_state="succeeded", outcome=step.outcome)
+
+    await env.settler.settle(claimed, finish)

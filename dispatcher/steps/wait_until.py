@@ -1,0 +1,66 @@
+"""``wait-until``: a durable timer (CONTRACT §9.4).
+
+The first time the step is worked on it stores its due instant — ``at`` evaluated, or
+``afterSeconds`` from the database's now — and the run waits; an instant already past
+continues at once. When the instant comes the claim loop finds the step due (it sleeps
+until the earliest due instant it read) and the run continues at ``next``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from core import clock
+from core.workflow.expr import MissingValue, render
+from core.workflow.model import WaitUntilStep
+from core.workflow.schema import is_rfc3339
+from dispatcher.context import Claimed, RunView
+from dispatcher.settle import Failure, Tx
+from dispatcher.steps.base import Flight, StepEnv
+
+AT_POINTER = "/at"
+
+
+def instant_of(step: WaitUntilStep, run: RunView) -> datetime | None:
+    """The instant ``at`` names, or ``None`` when it does not evaluate to an RFC 3339 one."""
+    if step.at is None:
+        return None
+    try:
+        value = render(step.at, run.scope)
+    except MissingValue:
+        return None
+    if not isinstance(value, str) or not is_rfc3339(value):
+        return None
+    return clock.parse_instant(value)
+
+
+async def execute(
+    env: StepEnv, claimed: Claimed, run: RunView, step: WaitUntilStep, flight: Flight
+) -> None:
+    """Start the timer, or continue once it is due."""
+    at = instant_of(step, run)
+
+    async def act(tx: Tx) -> None:
+        if claimed.state == "waiting":
+            # Claimed because the stored instant has come.
+            await tx.advance(run.workflow, step.next)
+            return
+        if step.after_seconds is not None:
+            due = tx.now + timedelta(seconds=step.after_seconds)
+        elif at is not None:
+            due = at
+        else:
+            # The workflow was checked offline, but an input can still carry a value
+            # that is no instant; the failure names the step's field, never the value.
+            await tx.end_run(
+                step_state="failed",
+                run_state="failed",
+                failure=Failure("mapping-invalid", AT_POINTER),
+            )
+            return
+        if due <= tx.now:
+            await tx.advance(run.workflow, step.next)
+        else:
+            await tx.wait(due)
+
+    await env.settler.settle(claimed, act)

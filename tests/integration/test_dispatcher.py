@@ -1,0 +1,342 @@
+"""The dispatcher executing workflows against the real TLS PostgreSQL server, a development
+issuer and the Messaging stand-in (in-process): calls, choices, timers and the four ways a
+product can answer a command (CONTRACT §9.2–§9.4)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from core.clock import ENV_VAR, write_test_clock
+from devstack.postgres import DatabaseHandle
+from dispatcher.context import DispatchSettings
+from dispatcher.metrics import DispatchMetrics
+from tests.helpers.dispatching import (
+    MESSAGING,
+    DispatchKit,
+    ScriptedProduct,
+    dispatch_kit,
+    running,
+    until,
+)
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
+ACCEPTED_BODY = {"messageId": "msg-scripted", "acceptedAt": "2027-03-01T08:00:00.000Z"}
+
+
+@pytest.fixture
+async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
+    async with dispatch_kit(tmp_path, database) as made:
+        yield made
+
+
+@pytest.fixture
+def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
+    """Turn the test clock on at T0; the returned function moves it."""
+    path = tmp_path / "clock"
+    write_test_clock(path, T0)
+    monkeypatch.setenv(ENV_VAR, str(path))
+    return lambda instant: write_test_clock(path, instant)
+
+
+def product_posts(kit: DispatchKit) -> list[dict[str, object]]:
+    return [
+        {"headers": dict(r.headers), "body": json.loads(r.content)}
+        for r in kit.router.requests
+        if r.url.host == "messaging.internal.example.org"
+        and r.method == "POST"
+        and r.url.path.startswith("/v1/")
+    ]
+
+
+def accepted_calls(metrics: DispatchMetrics, result: str = "accepted") -> float:
+    return metrics.calls.get(metrics.call_labels("messaging", result))
+
+
+async def test_a_call_workflow_runs_to_succeeded_woken_by_a_notification(
+    kit: DispatchKit,
+) -> None:
+    # With an idle wait of a minute, only the NOTIFY of the new step can wake it in time.
+    dispatcher = await kit.dispatcher(DispatchSettings(idle_cap_seconds=60))
+    async with running(dispatcher):
+        run_id = await kit.start("notice", {"applicantRef": "applicant-17"})
+
+        async def ended() -> bool:
+            return (await kit.run(run_id))["ended_at"] is not None
+
+        await until(ended, dispatcher)
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["outcome"], run["attention"]) == ("succeeded", "sent", False)
+    assert await kit.step_ids(run_id) == ["send", "sent"]
+    send = await kit.step(run_id, "send")
+    key = kit.key(run_id)
+    assert (send["state"], send["effect"], send["attempts"]) == ("completed", "accepted", 1)
+    assert send["command_key"] == key
+    assert send["lease_owner"] is None and send["ended_at"] is not None
+
+    stats = await kit.stats()
+    assert stats["processed"] == {key: 1}
+    [post] = product_posts(kit)
+    headers = post["headers"]
+    assert isinstance(headers, dict)
+    assert headers["idempotency-key"] == key
+    assert headers["authorization"].startswith("Bearer ")
+    assert headers["content-type"] == "application/json"
+    command = {
+        "template": "test-notice",
+        "recipientRef": "applicant-17",
+        "parameters": {"run": run_id},
+    }
+    assert post["body"] == command
+    assert await kit.payload(run_id, "send", "command") == command
+    [message_id] = kit.messaging.messages
+    assert await kit.payload(run_id, "send", "output") == {"messageId": message_id}
+    response = await kit.payload(run_id, "send", "response")
+    assert response["messageId"] == message_id
+
+    assert accepted_calls(dispatcher.metrics) == 1
+    assert dispatcher.metrics.admission_to_dispatch.count() == 1
+    # The token asked for the connection's audience as its one resource.
+    assert [claims["aud"] for claims in kit.issuer.issued] == [MESSAGING]
+
+
+async def test_choose_takes_the_first_branch_that_holds(kit: DispatchKit) -> None:
+    dispatcher = await kit.dispatcher()
+    runs = {kind: await kit.start("route", {"kind": kind}) for kind in ("a", "c", "zzz")}
+    runs["none"] = await kit.start("route", {})
+    assert await dispatcher.drain() == 8  # a choose and a finish per run
+
+    outcomes = {kind: (await kit.run(run_id))["outcome"] for kind, run_id in runs.items()}
+    assert outcomes == {"a": "a", "c": "b-or-c", "zzz": "other", "none": "other"}
+    assert await kit.step_ids(runs["c"]) == ["decide", "went-bc"]
+    assert (await kit.step(runs["a"], "decide"))["state"] == "completed"
+
+
+async def test_later_steps_read_the_values_a_call_kept(kit: DispatchKit) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-3"})
+    await dispatcher.drain()
+    assert (await kit.run(run_id))["outcome"] == "kept"
+    assert await kit.step_ids(run_id) == ["send", "check", "kept"]
+
+
+async def test_wait_until_wakes_when_the_clock_reaches_its_instant(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("pause", {})
+    assert await dispatcher.drain() == 1
+
+    nap = await kit.step(run_id, "nap")
+    due = T0 + timedelta(seconds=3600)
+    assert (nap["state"], nap["due_at"]) == ("waiting", due)
+    assert (await kit.run(run_id))["state"] == "waiting"
+
+    fake_clock(due - timedelta(seconds=1))
+    assert await dispatcher.run_once() == 0
+    # The idle loop would sleep exactly until the instant, not a fixed poll interval.
+    wake = await dispatcher.claimer.next_wake()
+    assert wake.due_in == pytest.approx(1.0)
+    assert wake.delay(5.0) == pytest.approx(1.0)
+
+    fake_clock(due + timedelta(milliseconds=500))
+    assert await dispatcher.drain() == 2
+    run = await kit.run(run_id)
+    assert (run["state"], run["outcome"]) == ("succeeded", "woke")
+    assert run["ended_at"] - due < timedelta(seconds=1)
+
+
+async def test_wait_until_an_instant_in_the_past_is_due_at_once(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    dispatcher = await kit.dispatcher()
+    past = await kit.start("pause-at", {"when": "2027-02-28T08:00:00Z"})
+    future = await kit.start("pause-at", {"when": "2027-03-01T08:00:10+00:00"})
+    await dispatcher.drain()
+
+    assert (await kit.run(past))["state"] == "succeeded"
+    assert (await kit.step(past, "nap"))["state"] == "completed"
+    nap = await kit.step(future, "nap")
+    assert (nap["state"], nap["due_at"]) == ("waiting", T0 + timedelta(seconds=10))
+
+
+async def test_an_invalid_command_fails_the_run_and_sends_nothing(kit: DispatchKit) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-optional", {"applicantRef": "applicant-1"})
+    await dispatcher.drain()
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["failure_kind"]) == ("failed", "invalid-command")
+    assert (run["failure_path"], run["failure_step"]) == ("/recipientRef", "send")
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["effect"], send["command_key"]) == ("failed", None, None)
+    assert await kit.payload(run_id, "send", "command") is None
+    assert (await kit.stats())["received"] == {}
+    # Not even a token was asked for.
+    assert kit.issuer.issued == []
+
+
+async def test_a_failed_output_mapping_keeps_the_accepted_effect(kit: DispatchKit) -> None:
+    kit.product(ScriptedProduct((202, {"acceptedAt": "2027-03-01T08:00:00.000Z"})))
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-2"})
+    await dispatcher.drain()
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["failure_kind"], run["failure_path"]) == (
+        "failed",
+        "mapping-invalid",
+        "/messageId",
+    )
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["effect"]) == ("failed", "accepted")
+    assert await kit.payload(run_id, "send", "response") == {
+        "acceptedAt": "2027-03-01T08:00:00.000Z"
+    }
+    assert await kit.payload(run_id, "send", "output") is None
+
+
+async def test_a_retryable_answer_is_retried_by_itself_and_processed_once(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    await kit.fault(mode="fail-before", count=1)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-4"})
+    key = kit.key(run_id)
+    await dispatcher.drain()
+
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["attempts"], send["command_key"]) == ("ready", 1, key)
+    delay = (send["due_at"] - T0).total_seconds()
+    assert 1.0 <= delay <= 1.25
+    assert send["deadline_at"] == T0 + timedelta(seconds=60)
+    assert await dispatcher.run_once() == 0  # not before its time
+
+    fake_clock(T0 + timedelta(seconds=2))
+    await dispatcher.drain()
+    run = await kit.run(run_id)
+    assert run["state"] == "succeeded"
+    stats = await kit.stats()
+    assert stats["processed"] == {key: 1}
+    assert stats["received"] == {key: 1}  # the 503 came before the ledger
+    posts = product_posts(kit)
+    assert [p["headers"]["idempotency-key"] for p in posts] == [key, key]  # type: ignore[index]
+    assert posts[0]["body"] == posts[1]["body"]
+    assert accepted_calls(dispatcher.metrics, "retryable") == 1
+    assert accepted_calls(dispatcher.metrics) == 1
+    assert (await kit.step(run_id, "send"))["attempts"] == 2
+
+
+async def test_retries_end_at_the_deadline(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    await kit.fault(mode="fail-before")
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-5"})
+    now = T0
+    for _ in range(10):
+        await dispatcher.drain()
+        if (await kit.run(run_id))["ended_at"] is not None:
+            break
+        now = (await kit.step(run_id, "send"))["due_at"]
+        fake_clock(now)
+    run = await kit.run(run_id)
+    assert (run["state"], run["failure_kind"], run["failure_step"]) == (
+        "failed",
+        "deadline-exceeded",
+        "send",
+    )
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["effect"]) == ("failed", None)
+    assert (await kit.stats())["processed"] == {}
+    # 1 + 2 + 4 + 8 + 16 (+ jitter) fits in 60 s; the next doubling does not.
+    assert send["attempts"] == 6
+
+
+async def test_an_answer_after_processing_holds_the_run_and_is_never_resent(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    await kit.fault(mode="fail-after", count=1)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-6"})
+    key = kit.key(run_id)
+    await dispatcher.drain()
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["attention"], run["ended_at"]) == ("held", True, None)
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["effect"], send["due_at"]) == ("uncertain", "unknown", None)
+
+    fake_clock(T0 + timedelta(days=1))
+    assert await dispatcher.drain() == 0
+    stats = await kit.stats()
+    assert stats["processed"] == {key: 1}
+    assert stats["received"] == {key: 1}
+    assert accepted_calls(dispatcher.metrics, "uncertain") == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(500, {"code": "internal-error"}), (502, b""), (202, b"not json"), (503, {"code": "x"})],
+)
+async def test_uncertain_answers_hold_the_run(
+    kit: DispatchKit, status: int, body: bytes | dict[str, str]
+) -> None:
+    product = ScriptedProduct((status, body))
+    kit.product(product)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-7"})
+    await dispatcher.drain()
+    assert (await kit.run(run_id))["state"] == "held"
+    assert (await kit.step(run_id, "send"))["effect"] == "unknown"
+    assert len(product.requests) == 1
+
+
+async def test_a_refusal_takes_on_refused_or_fails_the_run(kit: DispatchKit) -> None:
+    product = ScriptedProduct((409, {"code": "idempotency.conflict"}))
+    kit.product(product)
+    dispatcher = await kit.dispatcher()
+    with_path = await kit.start("notice-refusable", {"applicantRef": "applicant-8"})
+    without = await kit.start("notice", {"applicantRef": "applicant-9"})
+    await dispatcher.drain()
+
+    run = await kit.run(with_path)
+    assert (run["state"], run["outcome"]) == ("succeeded", "turned-down")
+    assert await kit.step_ids(with_path) == ["send", "turned-down"]
+    assert (await kit.step(with_path, "send"))["state"] == "refused"
+    run = await kit.run(without)
+    assert (run["state"], run["failure_kind"], run["failure_step"]) == ("failed", "refused", "send")
+    assert (await kit.step(without, "send"))["effect"] is None
+    assert len(product.requests) == 2
+
+
+async def test_a_401_is_resent_once_with_a_fresh_token(kit: DispatchKit) -> None:
+    product = ScriptedProduct((401, {"code": "authentication.refused"}), (202, ACCEPTED_BODY))
+    kit.product(product)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-10"})
+    await dispatcher.drain()
+
+    assert (await kit.run(run_id))["state"] == "succeeded"
+    assert [r["headers"]["idempotency-key"] for r in product.requests] == [kit.key(run_id)] * 2
+    first, second = (r["headers"]["authorization"] for r in product.requests)
+    assert first != second
+    assert len(kit.issuer.issued) == 2
+    assert (await kit.step(run_id, "send"))["attempts"] == 1
+
+
+async def test_a_second_401_is_a_refusal(kit: DispatchKit) -> None:
+    product = ScriptedProduct((401, {"code": "authentication.refused"}))
+    kit.product(product)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-11"})
+    await dispatcher.drain()
+    assert (await kit.run(run_id))["failure_kind"] == "refused"
+    assert len(product.requests) == 2

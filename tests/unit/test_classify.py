@@ -1,0 +1,124 @@
+"""Classification of product answers (CONTRACT §9.3 step 4) and the retry delays."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from dispatcher.classify import (
+    ACCEPTED,
+    REFUSED,
+    RETRYABLE,
+    UNCERTAIN,
+    classify_answer,
+    classify_failure,
+    retry_delay,
+)
+
+REQUEST = httpx.Request("POST", "https://messaging.test/v1/profiles/p/messages")
+
+
+def problem(code: str) -> bytes:
+    return json.dumps({"type": "about:blank", "status": 0, "code": code}).encode()
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
+def test_a_2xx_with_a_json_object_is_accepted_with_its_body(status: int) -> None:
+    result = classify_answer(status, b'{"messageId": "m-1", "acceptedAt": "x"}')
+    assert (result.result, result.status) == (ACCEPTED, status)
+    assert result.response == {"messageId": "m-1", "acceptedAt": "x"}
+
+
+@pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe"])
+def test_a_2xx_whose_body_is_not_a_json_object_is_uncertain(body: bytes) -> None:
+    result = classify_answer(202, body)
+    assert result.result == UNCERTAIN
+    assert result.response is None
+
+
+def test_429_is_retryable_whatever_its_body() -> None:
+    assert classify_answer(429, b"").result == RETRYABLE
+    assert classify_answer(429, problem("rate-limited")).result == RETRYABLE
+
+
+def test_503_is_retryable_only_with_the_service_unavailable_code() -> None:
+    assert classify_answer(503, problem("service.unavailable")).result == RETRYABLE
+    assert classify_answer(503, problem("maintenance")).result == UNCERTAIN
+    assert classify_answer(503, b"<html>proxy</html>").result == UNCERTAIN
+    assert classify_answer(503, b"").result == UNCERTAIN
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422])
+def test_definite_refusals(status: int) -> None:
+    result = classify_answer(status, problem("idempotency.conflict"))
+    assert (result.result, result.status) == (REFUSED, status)
+    assert "idempotency.conflict" in result.reason
+
+
+@pytest.mark.parametrize("status", [300, 302, 405, 408, 410, 413, 415, 500, 501, 502, 504, 599])
+def test_every_other_status_is_uncertain(status: int) -> None:
+    assert classify_answer(status, problem("service.unavailable")).result == UNCERTAIN
+
+
+def test_reasons_never_quote_the_body() -> None:
+    secret = b'{"messageId": "applicant-personal-data"}'
+    for status in (202, 400, 500, 503):
+        assert "applicant" not in classify_answer(status, secret).reason
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ConnectError("refused", request=REQUEST),
+        httpx.ConnectTimeout("slow handshake", request=REQUEST),
+        httpx.PoolTimeout("no connection free", request=REQUEST),
+        httpx.UnsupportedProtocol("ftp", request=REQUEST),
+    ],
+)
+def test_failures_before_the_request_left_are_retryable(error: Exception) -> None:
+    assert classify_failure(error).result == RETRYABLE
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ReadTimeout("no answer", request=REQUEST),
+        httpx.WriteTimeout("half written", request=REQUEST),
+        httpx.ReadError("reset", request=REQUEST),
+        httpx.WriteError("broken pipe", request=REQUEST),
+        httpx.RemoteProtocolError("server disconnected", request=REQUEST),
+        ConnectionResetError("reset by peer"),
+        RuntimeError("the transport failed in an unexpected way"),
+    ],
+)
+def test_failures_after_the_connection_existed_are_uncertain(error: Exception) -> None:
+    result = classify_failure(error)
+    assert result.result == UNCERTAIN
+    assert result.status is None
+    assert type(error).__name__ in result.reason
+
+
+def test_retry_delays_double_from_one_second_up_to_five_minutes() -> None:
+    no_jitter = [retry_delay(n, jitter=lambda: 0.0) for n in range(1, 12)]
+    assert no_jitter[:5] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert no_jitter[-1] == 300.0
+    assert max(no_jitter) == 300.0
+
+
+def test_jitter_adds_at_most_a_quarter_and_never_passes_the_cap() -> None:
+    assert retry_delay(1, jitter=lambda: 0.999) == pytest.approx(1.24975)
+    assert retry_delay(3, jitter=lambda: 0.5) == pytest.approx(4.5)
+    assert retry_delay(40, jitter=lambda: 0.999) == 300.0
+    assert retry_delay(2, first=0.5, cap=10.0, jitter=lambda: 0.0) == 1.0
+
+
+def test_a_retry_delay_needs_at_least_one_retryable_answer() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        retry_delay(0)
+
+
+def test_a_problem_code_that_is_not_code_shaped_is_not_repeated() -> None:
+    result = classify_answer(409, problem("Jane Doe, 12 Main Street"))
+    assert (result.result, result.reason) == (REFUSED, "409")
