@@ -115,7 +115,7 @@ def _instance(request: Request) -> str:
 
 def error_response(error: CoordinatorError, instance: str | None) -> Response:
     """The response for a domain error; uncatalogued codes become a logged 500."""
-    if error.code not in CATALOGUE:
+    if error.code not in CATALOGUE or error.code == INTERNAL_CODE:
         correlation = correlation_id()
         # The code and detail come from our own components, never from the caller.
         log.error(
