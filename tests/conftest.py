@@ -11,6 +11,12 @@ from __future__ import annotations
 
 import itertools
 import os
+
+# The suite starts real processes (PostgreSQL, the coordinator) after in-process tests have
+# used gRPC. gRPC's fork handlers then run in every forked child before it execs, which
+# breaks some children and slows all of them; our children never use the parent's gRPC
+# state, so the handlers are switched off before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 from collections.abc import Iterator
 from pathlib import Path
 
