@@ -69,9 +69,7 @@ def running_stack(
             clock_file=clock_file,
             producer_token=stack.mint("producer", "alice", tokens / "alice").read_text().strip(),
             operator_token=stack.mint("operator", "olga", tokens / "olga").read_text().strip(),
-            other_producer_token=stack.mint("producer", "bob", tokens / "bob")
-            .read_text()
-            .strip(),
+            other_producer_token=stack.mint("producer", "bob", tokens / "bob").read_text().strip(),
         )
     finally:
         stack.stop()
