@@ -16,6 +16,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 LOOPBACK = "127.0.0.1"
 
+
 @dataclass(frozen=True)
 class CertificateAuthority:
     """A private CA able to issue server certificates (tests also make a second, wrong one)."""
@@ -46,8 +47,16 @@ class CertificateAuthority:
         )
         return cls(common_name, cert.public_bytes(serialization.Encoding.PEM), cert, key)
 
-    def issue_server(self, hosts: tuple[str, ...] = ("localhost", LOOPBACK)) -> tuple[bytes, bytes]:
-        """A server certificate for ``hosts`` (DNS names or IP addresses): (cert PEM, key PEM)."""
+    def issue_server(
+        self, hosts: tuple[str, ...] = ("localhost", LOOPBACK), *, client_auth: bool = False
+    ) -> tuple[bytes, bytes]:
+        """A server certificate for ``hosts`` (DNS names or IP addresses): (cert PEM, key PEM).
+
+        ``client_auth`` also allows it as a client certificate (mutual TLS between peers).
+        """
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+        if client_auth:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
         for host in hosts:
@@ -68,7 +77,7 @@ class CertificateAuthority:
             .not_valid_after(now + datetime.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_key_usage(cert_sign=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), critical=False
