@@ -194,14 +194,36 @@ def main(argv: list[str] | None = None) -> NoReturn:
     path = Path(os.path.abspath(args.runtime_config))
     if args.component:
         run_component(args.component, path, args.recovery_only)
-    # Check the runtime file once here so an obvious refusal is one clear line, not five.
+    # Verify once here so a refusal is one clear line rather than one per component; every
+    # component still verifies for itself before it serves.
     try:
-        from core.config.check import check_runtime_file
-
-        check_runtime_file(path)
+        asyncio.run(preflight(path, args.recovery_only))
     except CoordinatorError as error:
         _refuse(error)
     sys.exit(Supervisor(path, args.recovery_only).run())
+
+
+async def preflight(path: Path, recovery_only: bool) -> None:
+    """Check the runtime file and verify the activation on one runtime connection.
+
+    An unreachable database is not a refusal: the components start, report
+    ``store-unavailable`` and wait for it, and ``/ready`` answers 503 meanwhile.
+    """
+    from core.db.connect import quote_ident
+    from core.db.roles import component_role
+    from core.deploy.activation import verify_activation
+    from core.deploy.database import open_connection
+    from core.runtime import load_runtime
+
+    runtime = load_runtime(path, recovery_only=recovery_only)
+    try:
+        async with open_connection(runtime.config, runtime.resolver, "runtime") as conn:
+            role = component_role(runtime.config.namespace, "recovery")
+            await conn.execute(f"SET ROLE {quote_ident(role)}")
+            await verify_activation(conn, runtime.checked, resolver=runtime.resolver)
+    except CoordinatorError as error:
+        if error.code != "store.unavailable":
+            raise
 
 
 if __name__ == "__main__":
