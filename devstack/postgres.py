@@ -152,7 +152,7 @@ class DatabaseHandle:
     database: str
     host: str
     port: int
-    ca_pem: bytes | None
+    ca_pem: bytes | None = field(repr=False)
     migration_role: str
     runtime_role: str
     migration_password: str = field(repr=False)
@@ -197,20 +197,13 @@ class PostgresCluster(Protocol):
     port: int
     ca_pem: bytes | None
 
-    async def acreate_database(self, name: str, *, template: str | None = None) -> DatabaseHandle:
-        ...
-
-    async def adrop_database(self, name: str) -> None:
-        ...
-
-    def create_database(self, name: str, *, template: str | None = None) -> DatabaseHandle:
-        ...
-
-    def drop_database(self, name: str) -> None:
-        ...
-
-    def stop(self) -> None:
-        ...
+    async def acreate_database(
+        self, name: str, *, template: str | None = None
+    ) -> DatabaseHandle: ...
+    async def adrop_database(self, name: str) -> None: ...
+    def create_database(self, name: str, *, template: str | None = None) -> DatabaseHandle: ...
+    def drop_database(self, name: str) -> None: ...
+    def stop(self) -> None: ...
 
 
 async def _create_database_sql(
@@ -444,6 +437,33 @@ class PostgresServer:
         if self._remove_base:
             shutil.rmtree(self.base_dir, ignore_errors=True)
             self._remove_base = False
+
+    def halt(self) -> None:
+        """Stop the server (fast mode) but keep its folder, settings and port, so that
+        :meth:`start_again` can bring the same cluster back (database-outage tests)."""
+        self._run_as_user(
+            [str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.data_dir),
+             "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S)]
+        )
+        self._running = False
+
+    def start_again(self) -> None:
+        """Start the cluster :meth:`halt` stopped, on the same port and data folder."""
+        self._run_as_user(
+            [str(self.bin_dir / "pg_ctl"), "start", "-D", str(self.data_dir),
+             "-l", str(self.log_file), "-w", "-t", str(_START_TIMEOUT_S)],
+            new_session=True,
+        )
+        self._running = True
+        # The watchdog knows the old postmaster's pid: tell it that one stopped cleanly and
+        # watch the new one instead.
+        if self._watchdog is not None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self._watchdog.stdin is not None
+                self._watchdog.stdin.write(b"stopped\n")
+                self._watchdog.stdin.close()
+            self._watchdog.wait(timeout=30)
+        self._start_watchdog()
 
     # ---- connection details
 

@@ -12,6 +12,8 @@ error can echo the URL or its password. Refusals are ``deployment.refused`` and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
@@ -120,6 +122,19 @@ def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
     )
 
 
+class _OneWayClose(ssl.SSLObject):
+    """Ends TLS by sending close_notify without waiting for the server's own.
+
+    asyncio otherwise keeps the socket open until the server answers (up to 30 s); when a
+    login is refused the server just exits, and a loop closed meanwhile (a CLI command, a
+    test) leaks the socket. Not waiting is allowed by TLS 1.2 and 1.3 and is what libpq does.
+    """
+
+    def unwrap(self) -> None:
+        with contextlib.suppress(ssl.SSLWantReadError):
+            super().unwrap()
+
+
 def client_ssl_context(
     trusted_root_pem: bytes | None, *, label: str = "database URL"
 ) -> ssl.SSLContext:
@@ -140,6 +155,7 @@ def client_ssl_context(
     context.check_hostname = True
     context.verify_mode = ssl.CERT_REQUIRED
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.sslobject_class = _OneWayClose
     return context
 
 
@@ -179,7 +195,17 @@ async def connect(
     ``ssl.SSLCertVerificationError``, ``asyncpg.PostgresError``) and carry no password.
     """
     kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
-    return await asyncpg.connect(**kwargs)
+    return await _open(**kwargs)
+
+
+async def _open(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(*args, **kwargs)
+    except Exception:
+        # A refused login closes the socket through a callback asyncpg has just scheduled;
+        # one pass of the loop runs it, so no socket outlives a loop that closes next.
+        await asyncio.sleep(0)
+        raise
 
 
 def quote_ident(name: str) -> str:
@@ -204,7 +230,9 @@ async def create_pool(
     kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
     if setup_role is not None:
         kwargs["init"] = _role_setter(setup_role)
-    pool: asyncpg.Pool = await asyncpg.create_pool(min_size=min_size, max_size=max_size, **kwargs)
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        min_size=min_size, max_size=max_size, connect=_open, **kwargs
+    )
     return pool
 
 

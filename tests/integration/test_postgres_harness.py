@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import select
 import signal
@@ -9,6 +11,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import asyncpg
@@ -22,7 +25,7 @@ from core.db.connect import (
     require_server_version,
 )
 from core.errors import CoordinatorError
-from devstack.postgres import DatabaseHandle, PostgresCluster, PostgresServer
+from devstack.postgres import DatabaseHandle, PostgresCluster, PostgresServer, postgres_url
 from devstack.postgres_tls import CertificateAuthority
 
 pytestmark = pytest.mark.postgres
@@ -69,11 +72,30 @@ async def test_server_refuses_plain_text(database: DatabaseHandle, who: str) -> 
 
 
 async def test_superuser_cannot_log_in_over_tcp(database: DatabaseHandle) -> None:
+    url = postgres_url("postgres", "irrelevant", database.host, database.port, "postgres")
     with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
-        await asyncpg.connect(
-            host=database.host, port=database.port, user="postgres",
-            database="postgres", ssl=_verifying_context(database.ca_pem),
-        )
+        await connect(url, database.ca_pem)
+
+
+def test_a_refused_tls_login_leaves_no_socket_behind(database: DatabaseHandle) -> None:
+    # The loop is closed right after the refusal, as a CLI command or a test would do; the
+    # socket must already be closed by then, not left for the garbage collector to report.
+    refused = postgres_url("postgres", "irrelevant", database.host, database.port, "postgres")
+
+    async def attempt() -> None:
+        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+            await connect(refused, database.ca_pem)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(10):
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(attempt())
+            finally:
+                loop.close()
+            gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
 async def test_server_is_postgresql_17_or_newer(database: DatabaseHandle) -> None:
@@ -292,6 +314,3 @@ def test_a_killed_owner_does_not_leave_the_server_running() -> None:
     assert not Path(base).exists()
 
 
-def _verifying_context(ca_pem: bytes | None) -> ssl.SSLContext:
-    assert ca_pem is not None
-    return ssl.create_default_context(cadata=ca_pem.decode("ascii"))
