@@ -48,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP) $(PG_STAMP)
-	@echo "bench: no benchmarks yet (they arrive with the serving core)"
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -1,0 +1,710 @@
+"""``make bench``: throughput, start-to-first-command latency, the raw database rate and the
+memory of each component, measured on the whole local stack of this machine.
+
+The stack is the one ``make quickstart`` runs (PostgreSQL 17 with TLS, the development
+issuer, the Messaging stand-in without injected delay, the all-in-one coordinator) with one
+workflow, ``bench-notice``: send a notice, choose, send another notice, finish — four step
+transitions per run. PostgreSQL runs with ``durable=False`` (fsync, synchronous commit and
+full-page writes off) for the coordinator and the raw rate alike, so the ratio between the
+two compares like with like.
+
+Phases, in order:
+
+1. throughput: ``--runs`` starts through the HTTP API with a producer token and at most
+   ``--start-concurrency`` requests in flight; the clock stops when the database counts every
+   run ended (runs/s and step transitions/s);
+2. memory: VmRSS of the launcher and each component child right after phase 1;
+3. latency: starts paced open-loop at ``--rate`` runs/s for ``--latency-seconds``; start →
+   first command is measured twice: from the client's send instant to the stand-in's
+   ``acceptedAt`` (same host clock, millisecond resolution), and from ``run.created_at`` to
+   the first call step's ``prepared_at`` (both the database server's clock);
+4. memory again (VmHWM: the peak each process reached);
+5. the raw rate (see :mod:`bench.raw`) on the same server, coordinator stopped.
+
+Everything is printed as a table and written to ``bench/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.raw import RawResult, measure, scratch_owner_note
+from core.db.connect import connect
+from core.workflow.package import build_package
+from devstack.postgres import PostgresServer
+from devstack.stack import LocalStack
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / "var" / "bench"
+WORKFLOW_SOURCE = Path(__file__).resolve().parent / "workflow" / "bench-notice"
+WORKFLOW = "bench-notice"
+STEPS_PER_RUN = 4
+COMMANDS_PER_RUN = 2
+WARM_UP_RUNS = 10
+MIB = 1024 * 1024
+STATS_SETTLE_SECONDS = 1.5
+
+GOAL_RATIO = 0.50
+GOAL_P50_MS = 20.0
+GOAL_P99_MS = 100.0
+GOAL_RSS_MIB = 150.0
+
+
+# ------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True)
+class Throughput:
+    runs: int
+    seconds: float
+    starts_seconds: float
+    db_span_seconds: float
+    succeeded: int
+    start_errors: int
+    commits_per_run: float
+
+    @property
+    def runs_per_second(self) -> float:
+        return self.runs / self.seconds
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.runs * STEPS_PER_RUN / self.seconds
+
+
+@dataclass(frozen=True)
+class Latency:
+    runs: int
+    offered_rate: float
+    achieved_rate: float
+    pacing_lag_p99_ms: float
+    start_answer_ms: dict[str, float]
+    send_to_accepted_ms: dict[str, float]
+    created_to_prepared_ms: dict[str, float]
+    start_errors: int
+
+
+@dataclass(frozen=True)
+class Memory:
+    component: str
+    pid: int
+    rss_mib: float
+    peak_mib: float
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p90 / p99 / max of ``values`` (nearest rank), in the values' unit."""
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        index = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+        return ordered[index]
+
+    return {
+        "p50": rank(0.50),
+        "p90": rank(0.90),
+        "p99": rank(0.99),
+        "max": ordered[-1],
+        "mean": statistics.fmean(ordered),
+    }
+
+
+# ------------------------------------------------------------------------------ the stack
+
+
+def build_stack(pg_workdir: Path) -> tuple[PostgresServer, LocalStack]:
+    """PostgreSQL (durable=False), the issuer, the Messaging stand-in, the deployment applied
+    with the real ``coordinatorctl``, and the all-in-one coordinator, ready."""
+    built = build_package(WORKFLOW_SOURCE, STATE / "packages")
+    server = PostgresServer.start(pg_workdir, durable=False)
+    try:
+        stack = LocalStack.prepare(
+            STATE / "stack", packages=[(built.path, built.digest)], database=server.default
+        )
+        stack.start_products()
+        ctl = str(Path(sys.executable).with_name("coordinatorctl"))
+        subprocess.run(
+            [ctl, "--runtime-config", str(stack.runtime_file), "apply"],
+            check=True,
+            capture_output=True,
+        )
+        stack.start_coordinator()
+    except BaseException:
+        server.stop()
+        raise
+    return server, stack
+
+
+class Bench:
+    """One stack and the measurements taken on it."""
+
+    def __init__(self, server: PostgresServer, stack: LocalStack, args: argparse.Namespace):
+        self.server = server
+        self.stack = stack
+        self.args = args
+        self.namespace = str(stack.summary["namespace"])
+        token_file = stack.mint("producer", "bench-producer", STATE / "producer-token")
+        self.token = token_file.read_text().strip()
+        self.messaging = stack.product_urls["messaging"]
+        self.db: asyncpg.Connection | None = None
+        self.own_queries = 0
+
+    async def open(self) -> None:
+        handle = self.server.default
+        self.db = await connect(handle.migration_url, handle.ca_pem, label="bench database")
+
+    async def close(self) -> None:
+        if self.db is not None:
+            await self.db.close()
+
+    def sql(self, text: str) -> str:
+        """``text`` with ``{ns}`` naming the deployment's namespace, which the runtime file
+        check matched against ^coordinator_[a-z0-9_]+$; nothing else is put into SQL."""
+        return text.replace("{ns}", f'"{self.namespace}"')
+
+    async def commits(self) -> int:
+        """Transactions committed in the database so far (all sessions; the statistics
+        collector publishes other sessions' counts within about a second)."""
+        assert self.db is not None
+        self.own_queries += 1
+        value = await self.db.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(value)
+
+    async def ended_runs(self) -> int:
+        assert self.db is not None
+        self.own_queries += 1
+        # The namespace is the deployment's own, matched against ^coordinator_[a-z0-9_]+$.
+        value = await self.db.fetchval(
+            self.sql("SELECT count(*) FROM {ns}.run WHERE ended_at IS NOT NULL")
+        )
+        return int(value)
+
+    async def wait_ended(self, total: int, timeout: float) -> None:
+        """Poll the database (every 20 ms) until ``total`` runs have ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.ended_runs() >= total:
+                return
+            await asyncio.sleep(0.02)
+        raise RuntimeError(f"only {await self.ended_runs()} of {total} runs ended in {timeout} s")
+
+    async def start(self, client: httpx.AsyncClient, label: str) -> tuple[str | None, float]:
+        """One start through the API; answers (run id or None, seconds until answered)."""
+        began = time.perf_counter()
+        answer = await client.post(
+            f"{self.stack.url}/v1/workflows/{WORKFLOW}/runs",
+            json={"input": {"recipientRef": label}},
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Idempotency-Key": f"bench-{uuid.uuid4().hex}",
+            },
+        )
+        elapsed = time.perf_counter() - began
+        if answer.status_code != 201:
+            sys.stderr.write(f"bench: a start answered {answer.status_code}\n")
+            return None, elapsed
+        return str(answer.json()["runId"]), elapsed
+
+    def client(self, connections: int) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(timeout=30.0, limits=limits)
+
+    # -------------------------------------------------------------------------- phases
+
+    async def warm_up(self) -> None:
+        """A few runs first: JWKS, access tokens, package cache and pools get filled."""
+        async with self.client(4) as client:
+            await asyncio.gather(*(self.start(client, f"warm-{i}") for i in range(WARM_UP_RUNS)))
+        await self.wait_ended(WARM_UP_RUNS, timeout=60)
+
+    async def throughput(self, runs: int) -> Throughput:
+        before = await self.ended_runs()
+        await asyncio.sleep(STATS_SETTLE_SECONDS)
+        commits_before = await self.commits()
+        own_before = self.own_queries
+        concurrency = self.args.start_concurrency
+        gate = asyncio.Semaphore(concurrency)
+        errors = 0
+        ids: list[str] = []
+
+        async def one(client: httpx.AsyncClient, index: int) -> None:
+            nonlocal errors
+            async with gate:
+                run_id, _ = await self.start(client, f"t-{index}")
+            if run_id is None:
+                errors += 1
+            else:
+                ids.append(run_id)
+
+        began = time.monotonic()
+        async with self.client(concurrency) as client:
+            await asyncio.gather(*(one(client, i) for i in range(runs)))
+        starts = time.monotonic() - began
+        await self.wait_ended(before + len(ids), timeout=max(120.0, runs * 0.5))
+        elapsed = time.monotonic() - began
+        assert self.db is not None
+        row = await self.db.fetchrow(
+            self.sql(
+                """SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+                       extract(epoch FROM max(ended_at) - min(created_at))::float8 AS span
+                  FROM {ns}.run WHERE id = ANY($1::text[])"""
+            ),
+            ids,
+        )
+        return Throughput(
+            runs=len(ids),
+            seconds=elapsed,
+            starts_seconds=starts,
+            db_span_seconds=float(row["span"]),
+            succeeded=int(row["succeeded"]),
+            start_errors=errors,
+            commits_per_run=await self._commits_since(commits_before, own_before) / len(ids),
+        )
+
+    async def _commits_since(self, before: int, own_before: int) -> float:
+        # The coordinator is idle again: wait for its last counts to be published, then
+        # leave out this client's own polling queries (each its own transaction).
+        await asyncio.sleep(STATS_SETTLE_SECONDS)
+        own = self.own_queries - own_before + 1
+        return float(await self.commits() - before - own)
+
+    async def latency(self, rate: float, seconds: float) -> Latency:
+        before = await self.ended_runs()
+        count = int(rate * seconds)
+        sent: dict[str, float] = {}
+        answered: list[float] = []
+        lags: list[float] = []
+        errors = 0
+
+        async def one(client: httpx.AsyncClient, index: int) -> None:
+            nonlocal errors
+            wall = time.time()
+            run_id, elapsed = await self.start(client, f"l-{index}")
+            if run_id is None:
+                errors += 1
+                return
+            sent[run_id] = wall
+            answered.append(elapsed * 1000)
+
+        tasks: list[asyncio.Task[None]] = []
+        async with self.client(64) as client:
+            began = time.monotonic()
+            for index in range(count):
+                target = began + index / rate
+                pause = target - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                lags.append(max(0.0, time.monotonic() - target) * 1000)
+                tasks.append(asyncio.create_task(one(client, index)))
+            await asyncio.gather(*tasks)
+            offered_for = time.monotonic() - began
+        await self.wait_ended(before + len(sent), timeout=120)
+
+        accepted = await self.accepted_by_key()
+        assert self.db is not None
+        rows = await self.db.fetch(
+            self.sql(
+                """SELECT r.id, s.command_key,
+                       extract(epoch FROM s.prepared_at - r.created_at)::float8 AS prepared
+                  FROM {ns}.run r
+                  JOIN {ns}.step s ON s.run_id = r.id AND s.seq = 1
+                 WHERE r.id = ANY($1::text[])"""
+            ),
+            list(sent),
+        )
+        to_accepted: list[float] = []
+        to_prepared: list[float] = []
+        for row in rows:
+            to_prepared.append(float(row["prepared"]) * 1000)
+            at = accepted.get(str(row["command_key"]))
+            if at is not None:
+                to_accepted.append((at - sent[str(row["id"])]) * 1000)
+        if len(to_accepted) != len(sent):
+            sys.stderr.write(
+                f"bench: matched {len(to_accepted)} of {len(sent)} first commands at the stand-in\n"
+            )
+        return Latency(
+            runs=len(sent),
+            offered_rate=rate,
+            achieved_rate=count / offered_for,
+            pacing_lag_p99_ms=percentiles(lags)["p99"],
+            start_answer_ms=percentiles(answered),
+            send_to_accepted_ms=percentiles(to_accepted),
+            created_to_prepared_ms=percentiles(to_prepared),
+            start_errors=errors,
+        )
+
+    async def accepted_by_key(self) -> dict[str, float]:
+        """The stand-in's acceptance instant of every command, by idempotency key.
+
+        ``/dev/stats`` lists processed keys and answers in the same first-processed order
+        (both come from one ledger insert per key), so they pair up one to one.
+        """
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            stats = (await client.get(self.messaging + "/dev/stats")).json()
+        keys = list(stats["processed"])
+        answers = stats["answers"]
+        if len(keys) != len(answers):
+            raise RuntimeError("the stand-in's processed keys and answers do not pair up")
+        return {
+            key: datetime.fromisoformat(answer["body"]["acceptedAt"]).timestamp()
+            for key, answer in zip(keys, answers, strict=True)
+        }
+
+    async def processed_twice(self) -> tuple[int, int]:
+        """(commands processed, keys processed more than once) at the stand-in."""
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            stats = (await client.get(self.messaging + "/dev/stats")).json()
+        processed: dict[str, int] = stats["processed"]
+        return len(processed), sum(1 for n in processed.values() if n > 1)
+
+
+# ------------------------------------------------------------------------------ memory
+
+
+def component_processes(launcher_pid: int) -> dict[str, int]:
+    """The launcher and its component children, by component name."""
+    found = {"launcher": launcher_pid}
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    for child in children:
+        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        if b"--component" in argv:
+            found[argv[argv.index(b"--component") + 1].decode()] = int(child)
+    return found
+
+
+def memory(launcher_pid: int) -> list[Memory]:
+    """VmRSS (now) and VmHWM (peak) of each coordinator process."""
+    out: list[Memory] = []
+    for name, pid in component_processes(launcher_pid).items():
+        fields: dict[str, float] = {}
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) * 1024 / MIB
+        out.append(Memory(name, pid, round(fields["VmRSS"], 1), round(fields["VmHWM"], 1)))
+    return out
+
+
+# ------------------------------------------------------------------------------ CPU use
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _machine_busy() -> float:
+    """CPU seconds the whole machine spent not idle, all cores together."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / TICK
+
+
+class CpuMeter:
+    """CPU seconds per process group of the stack between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, server: PostgresServer, stack: LocalStack) -> None:
+        self.server = server
+        self.stack = stack
+        self._before: dict[str, float] = {}
+        self._began = 0.0
+
+    def _groups(self) -> dict[str, list[int]]:
+        groups = {
+            name: [pid]
+            for name, pid in component_processes(self.stack.processes["coordinator"].pid).items()
+        }
+        groups["messaging stand-in"] = [self.stack.processes["messaging"].pid]
+        groups["issuer"] = [self.stack.processes["issuer"].pid]
+        postmaster = int((self.server.data_dir / "postmaster.pid").read_text().split()[0])
+        groups["postgres (all backends)"] = [postmaster, *_children(postmaster)]
+        groups["bench client"] = [os.getpid()]
+        return groups
+
+    def _sample(self) -> dict[str, float]:
+        sample = {name: sum(map(_cpu_seconds, pids)) for name, pids in self._groups().items()}
+        sample["machine (all processes)"] = _machine_busy()
+        return sample
+
+    def start(self) -> None:
+        self._before = self._sample()
+        self._began = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds used per group since :meth:`start`, and the wall seconds as ``wall``."""
+        after = self._sample()
+        used = {name: after[name] - self._before.get(name, 0.0) for name in after}
+        ours = sum(v for k, v in used.items() if not k.startswith("machine"))
+        used["other work on the machine"] = used["machine (all processes)"] - ours
+        used["wall"] = time.monotonic() - self._began
+        return {name: round(value, 2) for name, value in used.items()}
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _stack_cpu(cpu: dict[str, float]) -> float:
+    """CPU seconds of the coordinator's processes, the stand-in and the issuer."""
+    skip = ("postgres", "bench", "machine", "other", "wall")
+    return sum(v for k, v in cpu.items() if not k.startswith(skip))
+
+
+def report(results: dict[str, Any]) -> str:
+    """The printed table."""
+    t = results["throughput"]
+    lat = results["latency"]
+    raw = results["raw"]
+    halves = results["raw_halves_per_second"]
+    lines = [
+        "",
+        f"bench-notice on {results['machine']['cpus']} CPUs "
+        f"(load before {results['machine']['load_before']}, "
+        f"after {results['machine']['load_after']}; shared with other work)",
+        "PostgreSQL with TLS, durable=False (fsync, synchronous_commit, full_page_writes off)",
+        "",
+        f"{'measurement':<46}{'value':>14}  {'goal':<18}{'':>6}",
+        "-" * 86,
+        f"{'runs started / succeeded':<46}{t['runs']:>7} / {t['succeeded']:<5}",
+        f"{'throughput, runs/s (to completion)':<46}{t['runs_per_second']:>14.1f}",
+        f"{'  all starts answered in, s':<46}{t['starts_seconds']:>14.2f}",
+        f"{'  first created -> last ended (DB clock), s':<46}{t['db_span_seconds']:>14.2f}",
+        f"{'step transitions/s (4 per run)':<46}{t['steps_per_second']:>14.1f}",
+        f"{'  DB transactions per step transition':<46}"
+        f"{t['commits_per_run'] / STEPS_PER_RUN:>14.1f}",
+        f"{'raw claim+update+insert tx/s (8 conns)':<46}{raw['per_second']:>14.1f}",
+        f"{'  raw rate, each half (before / after), tx/s':<46}"
+        f"{halves[0]:>6.0f} / {halves[1]:<6.0f}",
+        f"{'step transitions / raw rate':<46}{results['ratio'] * 100:>13.1f}%  "
+        f"{'>= 50 %':<18}{verdict(results['goals']['ratio']):>6}",
+        "",
+        f"{'latency at, runs/s (offered / achieved)':<46}"
+        f"{lat['offered_rate']:>6.0f} / {lat['achieved_rate']:<5.1f}",
+    ]
+    for label, key, goal_key in (
+        ("start -> stand-in accepted (client clock)", "send_to_accepted_ms", "latency"),
+        ("run created -> first prepared (DB clock)", "created_to_prepared_ms", None),
+        ("start request answered (client)", "start_answer_ms", None),
+    ):
+        p = lat[key]
+        goal = "p50<=20 p99<=100" if goal_key else ""
+        mark = verdict(results["goals"][goal_key]) if goal_key else ""
+        lines.append(
+            f"{label + ', ms p50/p99':<46}{p['p50']:>6.1f} / {p['p99']:<6.1f}  {goal:<18}{mark:>6}"
+        )
+    lines.append("")
+    for m in results["memory"]:
+        lines.append(
+            f"{'RSS ' + m['component'] + ', MiB (now / peak)':<46}"
+            f"{m['rss_mib']:>6.1f} / {m['peak_mib']:<6.1f}  "
+            f"{'<= 150 MiB' if m['component'] != 'launcher' else '':<18}"
+            f"{verdict(m['peak_mib'] <= GOAL_RSS_MIB) if m['component'] != 'launcher' else '':>6}"
+        )
+    cpu = results["cpu_seconds_during_throughput"]
+    runs = max(1, t["runs"])
+    lines += [
+        "",
+        f"CPU during the throughput phase ({cpu['wall']:.1f} s wall, 2 cores = "
+        f"{(os.cpu_count() or 1) * cpu['wall']:.1f} CPU-s available):",
+    ]
+    for name, value in cpu.items():
+        if name != "wall":
+            lines.append(
+                f"{'  ' + name + ', CPU-s / ms per run':<46}{value:>6.1f} / "
+                f"{value * 1000 / runs:<6.1f}"
+            )
+    rc = raw["cpu_seconds"]
+    tx = max(1, raw["transactions"])
+    lines += [
+        "",
+        f"CPU per transition: raw rate {(rc['postgres (all backends)'] * 1e3 / tx):.2f} ms "
+        f"PostgreSQL + {(rc['bench client'] * 1e3 / tx):.2f} ms client; coordinator "
+        f"{cpu['postgres (all backends)'] * 1e3 / (runs * STEPS_PER_RUN):.2f} ms PostgreSQL + "
+        f"{_stack_cpu(cpu) * 1e3 / (runs * STEPS_PER_RUN):.2f} ms its processes and stand-in",
+    ]
+    lines.append("-" * 86)
+    lines.append(
+        f"stand-in: {results['commands']['processed']} commands, "
+        f"{results['commands']['twice']} processed twice"
+    )
+    lines.append(f"raw rate: {raw['note']}")
+    return "\n".join(lines)
+
+
+async def measure_all(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    await bench.open()
+    try:
+        raw_halves = [await raw_rate(bench, args)]
+        print("bench: warming up", flush=True)
+        await bench.warm_up()
+        print(f"bench: throughput, {args.runs} runs", flush=True)
+        meter = CpuMeter(bench.server, bench.stack)
+        meter.start()
+        through = await bench.throughput(args.runs)
+        cpu = meter.stop()
+        launcher = bench.stack.processes["coordinator"].pid
+        after_throughput = memory(launcher)
+        print(
+            f"bench: latency, {args.rate:.0f} runs/s for {args.latency_seconds:.0f} s", flush=True
+        )
+        lat = await bench.latency(args.rate, args.latency_seconds)
+        peaks = {m.component: m for m in memory(launcher)}
+        processed, twice = await bench.processed_twice()
+        raw_halves.append(await raw_rate(bench, args))
+    finally:
+        await bench.close()
+    mem = [
+        Memory(
+            m.component,
+            m.pid,
+            m.rss_mib,
+            # The kernel's RSS counters are per-CPU approximations; never show a peak
+            # below a reading taken earlier.
+            max(m.peak_mib, m.rss_mib, peaks[m.component].rss_mib, peaks[m.component].peak_mib),
+        )
+        for m in after_throughput
+    ]
+    return {
+        "throughput": {
+            **asdict(through),
+            "runs_per_second": through.runs_per_second,
+            "steps_per_second": through.steps_per_second,
+        },
+        "latency": asdict(lat),
+        "memory": [asdict(m) for m in mem],
+        "cpu_seconds_during_throughput": cpu,
+        "commands": {"processed": processed, "twice": twice},
+        "raw_result": RawResult(
+            transactions=sum(r.transactions for r, _ in raw_halves),
+            seconds=sum(r.seconds for r, _ in raw_halves),
+            connections=args.raw_connections,
+            empty_claims=sum(r.empty_claims for r, _ in raw_halves),
+        ),
+        "raw_halves_per_second": [round(r.per_second, 1) for r, _ in raw_halves],
+        "raw_cpu": {
+            name: round(sum(cpu[name] for _, cpu in raw_halves), 2) for name in raw_halves[0][1]
+        },
+    }
+
+
+async def raw_rate(bench: Bench, args: argparse.Namespace) -> tuple[RawResult, dict[str, float]]:
+    """Half of the raw-rate window (one before the coordinator works, one after), with the
+    CPU seconds PostgreSQL and this client spent on it."""
+    seconds = args.raw_seconds / 2
+    print(f"bench: raw rate, {args.raw_connections} connections, {seconds:.0f} s", flush=True)
+    meter = CpuMeter(bench.server, bench.stack)
+    used: dict[str, float] = {}
+    handle = bench.server.default
+    result = await measure(
+        handle.migration_url,
+        handle.ca_pem,
+        seconds=seconds,
+        connections=args.raw_connections,
+        started=meter.start,
+        finished=lambda: used.update(meter.stop()),
+    )
+    keep = ("postgres (all backends)", "bench client", "other work on the machine", "wall")
+    return result, {name: used[name] for name in keep}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``make bench``."""
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=500, help="runs of the throughput phase")
+    parser.add_argument("--start-concurrency", type=int, default=16, help="starts in flight")
+    parser.add_argument("--rate", type=float, default=50.0, help="latency phase, runs/s")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--raw-seconds", type=float, default=10.0)
+    parser.add_argument("--raw-connections", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
+    args = parser.parse_args(argv)
+
+    if STATE.exists():
+        shutil.rmtree(STATE)
+    STATE.mkdir(parents=True)
+    load_before = os.getloadavg()
+    print("bench: starting PostgreSQL (TLS, durable=False) and the local stack", flush=True)
+    server, stack = build_stack(STATE / "postgres")
+    try:
+        bench = Bench(server, stack, args)
+        results = asyncio.run(measure_all(bench, args))
+    finally:
+        stack.stop()
+        server.stop()
+    raw: RawResult = results.pop("raw_result")
+    steps = results["throughput"]["steps_per_second"]
+    ratio = steps / raw.per_second if raw.per_second else 0.0
+    lat = results["latency"]["send_to_accepted_ms"]
+    results.update(
+        {
+            "raw": {
+                **asdict(raw),
+                "per_second": raw.per_second,
+                "cpu_seconds": results.pop("raw_cpu"),
+                "note": scratch_owner_note(),
+            },
+            "ratio": ratio,
+            "goals": {
+                "ratio": ratio >= GOAL_RATIO,
+                "latency": lat["p50"] <= GOAL_P50_MS and lat["p99"] <= GOAL_P99_MS,
+                "rss": all(
+                    m["peak_mib"] <= GOAL_RSS_MIB
+                    for m in results["memory"]
+                    if m["component"] != "launcher"
+                ),
+            },
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_before": [round(x, 2) for x in load_before],
+                "load_after": [round(x, 2) for x in os.getloadavg()],
+                "python": platform.python_version(),
+                "postgres_durable": False,
+            },
+        }
+    )
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(report(results))
+    print(f"bench: results written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
