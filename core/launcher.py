@@ -101,6 +101,10 @@ async def _run_component(component: str, path: Path, recovery_only: bool) -> Non
 def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
     """Run one component until SIGTERM; startup refusals exit 1 with a raw code line."""
     logging.basicConfig(level=logging.WARNING, format=f"{component}: %(levelname)s %(message)s")
+    # asyncpg's pool logs a warning with a traceback each time it fails to reconnect its
+    # floor of connections; while the database is away, the store's rate-limited
+    # store-unavailable line is the one report on standard error.
+    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
     try:
         asyncio.run(_run_component(component, path, recovery_only))
     except CoordinatorError as error:

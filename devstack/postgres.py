@@ -59,6 +59,7 @@ RUNTIME_ROLE = "coordinator_runtime"
 DEFAULT_DATABASE = "coordinator"
 LOOPBACK = "127.0.0.1"
 _START_TIMEOUT_S = 60
+_WAIT_TEXT = str(_START_TIMEOUT_S)
 _PORT_ATTEMPTS = 5
 _SHM_MINIMUM_BYTES = 2 << 30
 
@@ -441,17 +442,18 @@ class PostgresServer:
     def halt(self) -> None:
         """Stop the server (fast mode) but keep its folder, settings and port, so that
         :meth:`start_again` can bring the same cluster back (database-outage tests)."""
+        pg_ctl = str(self.bin_dir / "pg_ctl")
         self._run_as_user(
-            [str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.data_dir),
-             "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S)]
+            [pg_ctl, "stop", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", _WAIT_TEXT]
         )
         self._running = False
 
     def start_again(self) -> None:
         """Start the cluster :meth:`halt` stopped, on the same port and data folder."""
+        pg_ctl = str(self.bin_dir / "pg_ctl")
+        log = str(self.log_file)
         self._run_as_user(
-            [str(self.bin_dir / "pg_ctl"), "start", "-D", str(self.data_dir),
-             "-l", str(self.log_file), "-w", "-t", str(_START_TIMEOUT_S)],
+            [pg_ctl, "start", "-D", str(self.data_dir), "-l", log, "-w", "-t", _WAIT_TEXT],
             new_session=True,
         )
         self._running = True

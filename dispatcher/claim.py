@@ -120,6 +120,9 @@ class Listener:
 
     async def run(self) -> None:
         """Listen until cancelled; reconnect after the connection is lost."""
+        # Said once per loss, not once per retry: a database outage is reported by the
+        # store's rate-limited store-unavailable line.
+        warned = False
         while True:
             lost = asyncio.Event()
 
@@ -132,6 +135,7 @@ class Listener:
                     for channel in self.channels:
                         await conn.add_listener(channel, self._callback)
                     self.listening.set()
+                    warned = False
                     # Work may have become due while nobody listened.
                     self.on_notify()
                     try:
@@ -146,6 +150,8 @@ class Listener:
             except Exception as exc:
                 # Whatever broke the listening connection, the capped idle wait keeps work
                 # moving meanwhile; listen again shortly.
-                detail = exc.code if isinstance(exc, CoordinatorError) else type(exc).__name__
-                log.warning("not listening for due work (%s); trying again", detail)
+                if not warned:
+                    warned = True
+                    detail = exc.code if isinstance(exc, CoordinatorError) else type(exc).__name__
+                    log.warning("not listening for due work (%s); trying again", detail)
             await asyncio.sleep(LISTEN_RETRY_SECONDS)

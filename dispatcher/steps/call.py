@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -53,6 +55,17 @@ from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv
 from dispatcher.token_client import TokenUnavailable
 
 log = logging.getLogger("coordinator.dispatcher")
+
+# TEST ONLY: the kill -9 tests (tests/fault/) name a point of the protocol here, and the
+# dispatcher SIGKILLs itself exactly there: "after-prepare" (the command is committed, not
+# sent) or "after-answer" (the product answered, the outcome is not committed). Production
+# never sets it, and nothing else reads it.
+CRASH_AT_ENV = "COORDINATOR_TEST_CRASH_AT"
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(CRASH_AT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
@@ -176,6 +189,7 @@ async def execute(
     if prepared.first_of_run:
         env.metrics.record_first_dispatch(prepared.since_admission)
 
+    _crash_point("after-prepare")
     result = await _send(
         env, adapter.build(op, binding, command, key, token), connection_type, flight
     )
@@ -189,6 +203,7 @@ async def execute(
             result = await _send(
                 env, adapter.build(op, binding, command, key, fresh), connection_type, flight
             )
+    _crash_point("after-answer")
     flight.phase = SETTLING
     await _record(env, claimed, run, step, op, result, prepared.attempts)
 
