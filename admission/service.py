@@ -1,10 +1,14 @@
-"""admission: the gRPC servicer that starts runs, and its startup.
+"""admission: the gRPC servicer that starts runs and wakes waiting ones, and its startup.
 
 The gateway authenticates and authorizes a start and hands over the verified caller; this
 component judges the start itself (admission/start.py) and answers the run's status
-document. Starts from signed events and Casework review completions are part of this
-component's interface but arrive in a later version: they are refused with
-``method-not-allowed`` until then.
+document. Starts from signed events (admission/events.py) arrive after the gateway checked
+their signature; Casework review completions (admission/completions.py) after it matched
+their credentials with a connection.
+
+Before serving, the component verifies the activation and, outside ``--recovery-only``,
+that no run in flight depends on connection settings the runtime file changed
+(core/bindings.py): a start or a wake-up under changed settings is refused at startup.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
 
 import grpc
 
+from admission.completions import CompletionWaker
+from admission.events import EventAdmitter
 from admission.start import Admitter, parse_input
-from core.errors import CoordinatorError
+from core.bindings import verify_live_bindings
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -28,14 +33,21 @@ from core.store_health import store_health
 
 log = logging.getLogger("coordinator.admission")
 
-NOT_YET: Final = "arrives in a later version of the coordinator"
-
 
 class AdmissionService(pb_grpc.AdmissionServicer):
-    """Start runs; report readiness."""
+    """Start runs, from the API and from signed events; wake waiting runs; report readiness."""
 
-    def __init__(self, admitter: Admitter) -> None:
+    def __init__(
+        self,
+        admitter: Admitter,
+        events: EventAdmitter | None = None,
+        completions: CompletionWaker | None = None,
+    ) -> None:
         self.admitter = admitter
+        self.events = events or EventAdmitter.from_admitter(admitter)
+        self.completions = completions or CompletionWaker.from_runtime(
+            admitter.runtime, admitter.store
+        )
 
     @refusals
     async def Start(
@@ -53,13 +65,18 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     async def StartFromEvent(
         self, request: pb.EventRequest, context: grpc.aio.ServicerContext
     ) -> pb.StartReply:
-        raise CoordinatorError("method-not-allowed", f"starting runs from events {NOT_YET}")
+        result = await self.events.start(request.source_key, request.event_id, request.data_json)
+        return pb.StartReply(
+            created=result.created, status_json=document_json(result.status), run_id=result.run_id
+        )
 
     @refusals
     async def ReviewCompletion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> pb.Empty:
-        raise CoordinatorError("method-not-allowed", f"review completion events {NOT_YET}")
+        # The answer is the same whether or not a waiting run matched.
+        await self.completions.wake(request.connection, request.review_id)
+        return pb.Empty()
 
     @refusals
     async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
@@ -81,6 +98,8 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
     try:
         await store.open()
         await store.verify()
+        if not runtime.recovery_only:
+            await verify_live_bindings(store)
         await grpc_server.start()
         log.info("admission serving")
         if started is not None:

@@ -163,10 +163,20 @@ class Admitter:
                 "admission.recovery-only", "this instance runs in recovery-only mode"
             )
         check_idempotency_key(idempotency_key)
-        digest, workflow = self._active(workflow_id)
         identity = derive.api_start_identity(
             self._admission_key, caller.iss, caller.sub, workflow_id, idempotency_key
         )
+        return await self.start_identified(caller, workflow_id, identity, value)
+
+    async def start_identified(
+        self, caller: CallerLike, workflow_id: str, identity: str, value: Any
+    ) -> StartResult:
+        """Admit a start whose identity is already derived (a signed event's source and id)."""
+        if self.runtime.recovery_only:
+            raise CoordinatorError(
+                "admission.recovery-only", "this instance runs in recovery-only mode"
+            )
+        digest, workflow = self._active(workflow_id)
         for attempt in range(_ATTEMPTS):
             try:
                 return await self._attempt(caller, workflow, digest, identity, value)

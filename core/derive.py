@@ -13,6 +13,10 @@ Because none of them depends on anything but the key and the inputs, a start adm
 again after a database restore gets the same run id and the same command keys, and the
 products recognise what they already accepted.
 
+A fourth, the **wait match** of a ``wait-for`` step (connection, result, review id), is how
+admission finds the waiting step a Casework completion event concerns without decrypting
+anything (:func:`wait_match`).
+
 Every HMAC message starts with a label naming the derivation (domain separation: a start
 identity can never equal a command key for other inputs) followed by the fields, each as a
 4-byte big-endian length and its UTF-8 bytes, so ``("a", "bc")`` and ``("ab", "c")`` encode
@@ -33,6 +37,7 @@ KEY_BYTES: Final = 32
 START_IDENTITY_LABEL: Final = "registry-coordinator start-identity v1"
 RUN_ID_LABEL: Final = "registry-coordinator run-id v1"
 COMMAND_KEY_LABEL: Final = "registry-coordinator command-key v1"
+WAIT_MATCH_LABEL: Final = "registry-coordinator wait-match v1"
 
 RUN_ID_PATTERN: Final = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
@@ -89,6 +94,17 @@ def run_id(admission_key: bytes, start_identity: str) -> str:
 def command_key(admission_key: bytes, run_id: str, step_id: str) -> str:
     """The command key of ``step_id`` in ``run_id``; the same for every attempt of the step."""
     return _mac(admission_key, COMMAND_KEY_LABEL, run_id, step_id).hex()
+
+
+def wait_match(admission_key: bytes, connection: str, result: str, identity: str) -> bytes:
+    """The keyed digest a waiting ``wait-for`` step is found by (32 bytes).
+
+    ``identity`` is the awaited result's identifying value (Casework's review id) and
+    ``connection`` the runtime file's connection name, so two Casework projects that happen
+    to share a review id never wake each other's runs. Keyed, so the stored digest of a
+    guessable review id reveals nothing to a reader of the database without the key.
+    """
+    return _mac(admission_key, WAIT_MATCH_LABEL, connection, result, identity)
 
 
 def is_run_id(text: str) -> bool:

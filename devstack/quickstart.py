@@ -2,10 +2,13 @@
 
 The quickstart packages the examples, starts PostgreSQL 17 with TLS, the development issuer,
 the product stand-ins and the coordinator (all five components), deploys with the real
-``coordinatorctl``, runs one workflow end to end, shows what happened, and stops everything.
-Every stage prints a numbered line and then what the real command printed, so a new user
-sees what they would see typing the commands themselves. ``--serve`` (``make up``) stops
-after the deployment and serves until Ctrl-C.
+``coordinatorctl``, and runs approval-notice end to end: a run asks Casework for a review
+and waits; a reviewer's decision is recorded in the Casework stand-in; Casework's completion
+event wakes the run at once (reads are an hour apart here, so nothing else could), and
+Messaging accepts the approval notice. It then inspects the run, asks for the doctor report
+and stops everything. Every stage prints a numbered line and then what the real command
+printed, so a new user sees what they would see typing the commands themselves. ``--serve``
+(``make up``) stops after the deployment and serves until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -29,18 +32,14 @@ from devstack.stack import LocalStack, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "var" / "quickstart"
 EXAMPLES = ("approval-notice", "appointment-booking", "register-change")
-DEMO_WORKFLOW = "appointment-booking"
-DEMO_INPUT = {
-    "slotRef": "slot-2026-12-14-0900",
-    "subjectRef": "APP-2041",
-    "recipientRef": "person-17",
-}
+DEMO_WORKFLOW = "approval-notice"
+DEMO_INPUT = {"applicationId": "APP-2041", "applicantRef": "person-17"}
+DECISION = "approved"
+# Reads of a review result an hour apart: only the completion event can wake the run
+# within the quickstart.
+RESULT_CHECK_SECONDS = 3600
 RUN_TIMEOUT_SECONDS = 30.0
-NOT_YET = (
-    "the approval-notice workflow waits for a Casework review decision (wait-for), which "
-    "arrives with the review-waits work; this quickstart therefore runs appointment-booking "
-    "(book a slot -> send a notice -> choose -> finish) end to end instead."
-)
+CASEWORK_TOOL = "devstack.products.casework"
 
 
 class Stages:
@@ -98,11 +97,50 @@ def deploy(stack: LocalStack, stages: Stages) -> None:
     ctl(*config, "deployment-status")
 
 
+def casework(*args: str) -> str:
+    """Run the Casework stand-in's own tool and echo what it printed, indented."""
+    command = [sys.executable, "-m", CASEWORK_TOOL, *args]
+    print(f"      $ python -m {CASEWORK_TOOL} {' '.join(args)}", flush=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    show(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise SystemExit(f"quickstart: the command above failed (exit {result.returncode})")
+    return result.stdout
+
+
+class RunWatch:
+    """Reads a run's status with the producer's token."""
+
+    def __init__(self, stack: LocalStack, token_file: Path, run_id: str) -> None:
+        self.url = f"{stack.url}/v1/runs/{run_id}"
+        self.headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        self.last: dict[str, Any] = {}
+
+    def state(self) -> str:
+        answer = httpx.get(self.url, headers=self.headers, timeout=5.0)
+        self.last = answer.json()
+        return str(self.last.get("state"))
+
+    def until(self, wanted: set[str], what: str) -> None:
+        wait_until(lambda: self.state() in wanted, what, timeout=RUN_TIMEOUT_SECONDS)
+
+
+def the_review(listing: str, subject: str) -> dict[str, Any]:
+    """The review request of ``subject`` in a ``casework list`` answer."""
+    reviews = [r for r in json.loads(listing)["reviews"] if r["subjectRef"] == subject]
+    if len(reviews) != 1:
+        raise SystemExit(f"quickstart: expected one review request for {subject} in Casework")
+    review: dict[str, Any] = reviews[0]
+    return review
+
+
 def run_demo(stack: LocalStack, stages: Stages) -> None:
     producer = stack.mint("producer", "intake-portal-user", STATE / "producer-token")
     operator = stack.mint("operator", "duty-operator", STATE / "operator-token")
     print("      tokens written (mode 0600): var/quickstart/producer-token, operator-token")
     api = ["--url", stack.url]
+    casework_url = stack.product_urls["casework-review-producer"]
+    project = stack.summary["completions"]["review"]["profile"]
 
     stages.say(f"Starting a run of {DEMO_WORKFLOW} with the producer's token")
     input_file = STATE / "input.json"
@@ -124,41 +162,68 @@ def run_demo(stack: LocalStack, stages: Stages) -> None:
     )
     run_id = started["runId"]
     print(f"      run {run_id} admitted in state {started['state']}", flush=True)
+    watch = RunWatch(stack, producer, run_id)
+    watch.until({"waiting"}, "the run reaching its review wait")
+    print(
+        f"      the run asked Casework for a review and is {watch.last['state']}; it reads the "
+        f"decision every {RESULT_CHECK_SECONDS} s unless Casework's completion event comes first",
+        flush=True,
+    )
 
-    stages.say("Watching the run until it ends")
-    final: dict[str, Any] = {}
+    stages.say("The review request as Casework shows it to reviewers")
+    review = the_review(
+        casework("list", "--url", casework_url, "--project", project),
+        DEMO_INPUT["applicationId"],
+    )
 
-    def ended() -> bool:
-        nonlocal final
-        answer = httpx.get(
-            f"{stack.url}/v1/runs/{run_id}",
-            headers={"Authorization": f"Bearer {producer.read_text().strip()}"},
-            timeout=5.0,
-        )
-        final = answer.json()
-        return final.get("state") not in ("running", "waiting")
+    stages.say(f"A reviewer records the decision '{DECISION}' in Casework")
+    casework(
+        "decide",
+        "--url",
+        casework_url,
+        "--project",
+        project,
+        "--review-id",
+        review["reviewId"],
+        "--outcome",
+        DECISION,
+    )
+    decided_at = time.monotonic()
 
-    wait_until(ended, "the demo run", timeout=RUN_TIMEOUT_SECONDS)
+    stages.say("Casework's completion event wakes the run; it sends the approval notice")
+    watch.until({"succeeded", "failed", "cancelled", "held"}, "the run after the decision")
+    woke_in = time.monotonic() - decided_at
+    print(
+        f"      the run ended {woke_in:.1f} s after the decision (the next scheduled read "
+        f"was about {RESULT_CHECK_SECONDS // 60} minutes away)",
+        flush=True,
+    )
     ctl("status", "--run", run_id, *api, "--token-file", str(producer))
-
-    stages.say("What the products accepted (from the stand-ins' own records)")
-    for kind in ("scheduling", "messaging"):
-        stats = httpx.get(stack.product_urls[kind] + "/dev/stats", timeout=5.0).json()
-        for answer in stats.get("answers", []):
-            body = ", ".join(f"{k}={v}" for k, v in answer["body"].items())
-            print(f"      {kind}: HTTP {answer['status']} {body}", flush=True)
-        twice = [key for key, count in stats["processed"].items() if count > 1]
-        print(f"      {kind}: {len(stats['processed'])} command(s), processed twice: {len(twice)}")
+    casework_stats = httpx.get(casework_url + "/dev/stats", timeout=5.0).json()
+    delivery = casework_stats["completions"].get(review["reviewId"], {})
+    print(
+        f"      casework: completion event delivered={delivery.get('delivered')} "
+        f"(HTTP {delivery.get('lastStatus')}, attempts {delivery.get('attempts')})",
+        flush=True,
+    )
+    stats = httpx.get(stack.product_urls["messaging"] + "/dev/stats", timeout=5.0).json()
+    for answer in stats.get("answers", []):
+        body = ", ".join(f"{k}={v}" for k, v in answer["body"].items())
+        print(f"      messaging: HTTP {answer['status']} {body}", flush=True)
+    twice = [key for key, count in stats["processed"].items() if count > 1]
+    print(f"      messaging: {len(stats['processed'])} notice(s), processed twice: {len(twice)}")
 
     stages.say("Inspecting the run and asking for the doctor report (operator's token)")
     ctl("inspect", "--run", run_id, *api, "--token-file", str(operator))
     ctl("doctor", *api, "--token-file", str(operator))
-    if final.get("state") != "succeeded":
-        raise SystemExit(f"quickstart: the run ended in state {final.get('state')}")
+    if watch.last.get("state") != "succeeded" or watch.last.get("outcome") != DECISION:
+        raise SystemExit(f"quickstart: the run ended in state {watch.last.get('state')}")
+    if not stats.get("answers"):
+        raise SystemExit("quickstart: Messaging accepted no notice")
 
 
 def run(serve: bool) -> int:
-    stages = Stages(8 if serve else 11)
+    stages = Stages(7 if serve else 12)
     if STATE.exists():
         shutil.rmtree(STATE)
     STATE.mkdir(parents=True)
@@ -172,7 +237,12 @@ def run(serve: bool) -> int:
     try:
         print(f"      listening on {server.host}:{server.port} (TLS required)", flush=True)
         stages.say("Writing the runtime file and keys; starting the issuer and product stand-ins")
-        stack = LocalStack.prepare(STATE / "stack", packages=packages, database=server.default)
+        stack = LocalStack.prepare(
+            STATE / "stack",
+            packages=packages,
+            database=server.default,
+            result_check_seconds=RESULT_CHECK_SECONDS,
+        )
         print(f"      {stack.runtime_file.relative_to(ROOT)}", flush=True)
         stack.start_products()
         for kind, url in sorted(stack.product_urls.items()):
@@ -201,7 +271,6 @@ def run(serve: bool) -> int:
             stack.stop()
         server.stop()
     print(f"      everything stopped; state and logs kept in {STATE.relative_to(ROOT)}/")
-    print(f"Note: {NOT_YET}")
     print(f"quickstart: done in {time.monotonic() - stages.started:.1f} s")
     return 0
 
@@ -209,6 +278,8 @@ def run(serve: bool) -> int:
 def serve_forever(stack: LocalStack, stages: Stages) -> int:
     stack.mint("producer", "intake-portal-user", STATE / "producer-token")
     stack.mint("operator", "duty-operator", STATE / "operator-token")
+    casework_url = stack.product_urls["casework-review-producer"]
+    project = stack.summary["completions"]["review"]["profile"]
     stages.say("Serving until Ctrl-C")
     print(
         f"""
@@ -216,11 +287,13 @@ def serve_forever(stack: LocalStack, stages: Stages) -> int:
       runtime file: {stack.runtime_file.relative_to(ROOT)}
       tokens:       var/quickstart/producer-token, var/quickstart/operator-token
 
-      Start a run and watch it:
+      Start a run, decide its review in Casework, and watch it finish:
         echo '{json.dumps(DEMO_INPUT)}' > /tmp/input.json
         .venv/bin/coordinatorctl start --workflow {DEMO_WORKFLOW} --input-file /tmp/input.json \\
             --url {stack.url} --token-file var/quickstart/producer-token
-        .venv/bin/coordinatorctl list --url {stack.url} --token-file var/quickstart/operator-token
+        .venv/bin/python -m {CASEWORK_TOOL} list --url {casework_url} --project {project}
+        .venv/bin/python -m {CASEWORK_TOOL} decide --url {casework_url} --project {project} \\
+            --review-id <reviewId> --outcome approved
         .venv/bin/coordinatorctl inspect --run <runId> --url {stack.url} \\
             --token-file var/quickstart/operator-token
 """,

@@ -14,6 +14,7 @@ import logging
 
 import grpc
 
+from core.bindings import verify_live_bindings
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -60,6 +61,9 @@ async def serve(
     try:
         await store.open()
         await store.verify()
+        if not runtime.recovery_only:
+            # Dispatching under settings a run in flight was not admitted with is refused.
+            await verify_live_bindings(store)
         await grpc_server.start()
         if started is not None:
             started.set()

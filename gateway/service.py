@@ -30,6 +30,8 @@ from core.runtime import Runtime
 from gateway.app import create_app, create_metrics_app
 from gateway.auth import TokenVerifier, jwks_source_for
 from gateway.backend import GrpcBackend
+from gateway.completions import AdmissionProducers, CompletionHandler, load_credentials
+from gateway.events import EventHandler, load_sources
 from gateway.routes import GatewayContext
 
 log = logging.getLogger("coordinator.gateway")
@@ -114,15 +116,33 @@ async def _fetch_keys(verifier: TokenVerifier, stopping: asyncio.Event) -> None:
 
 
 def gateway_context(
-    runtime: Runtime, verifier: TokenVerifier, backend: GrpcBackend
+    runtime: Runtime,
+    verifier: TokenVerifier,
+    backend: GrpcBackend,
+    producers: AdmissionProducers | None = None,
 ) -> GatewayContext:
-    """The routes' context for ``runtime``."""
+    """The routes' context for ``runtime``; with ``producers`` (admission's producer calls)
+    the completion and signed event routes accept what their credentials allow."""
     deployment = runtime.config.deployment
+    completions = events = None
+    if producers is not None:
+        completions = CompletionHandler(
+            load_credentials(runtime.config, runtime.resolver),
+            producers.review_completion,
+            recovery_only=runtime.recovery_only,
+        )
+        events = EventHandler(
+            load_sources(runtime.config, runtime.resolver),
+            producers.start_from_event,
+            recovery_only=runtime.recovery_only,
+        )
     return GatewayContext(
         backend=backend,
         verifier=verifier,
         policies=deployment.authentication.policies,
         public_url=deployment.listener.public_url,
+        completions=completions,
+        events=events,
     )
 
 
@@ -137,7 +157,8 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
         source = jwks_source_for(authentication, runtime.resolver, client)
         verifier = TokenVerifier.from_settings(authentication, source)
         backend = GrpcBackend(runtime.endpoints, recovery_only=runtime.recovery_only)
-        ctx = gateway_context(runtime, verifier, backend)
+        producers = AdmissionProducers(runtime.endpoints)
+        ctx = gateway_context(runtime, verifier, backend, producers)
         sockets: list[socket.socket] = []
         try:
             sockets.append(bind_socket(deployment.listener.bind))
@@ -146,6 +167,7 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
         except CoordinatorError:
             for sock in sockets:
                 sock.close()
+            await producers.close()
             raise
         listeners: list[tuple[ASGIApp, socket.socket]] = [(create_app(ctx), sockets[0])]
         if len(sockets) > 1:
@@ -159,3 +181,4 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await keys
             await backend.close()
+            await producers.close()

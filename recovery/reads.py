@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from core import clock
+from core.bindings import run_conflicts
 from core.errors import CoordinatorError
 from core.runs import (
     RUN_STATES,
@@ -78,14 +79,20 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         steps = await read_steps(conn, q, run_id)
         hold = await conn.fetchrow(q["recovery_holds"])
         actions = await conn.fetch(q["recovery_operator_actions"], run_id, OPERATOR_ACTIONS_SHOWN)
+        conflicts = await run_conflicts(conn, q, store.runtime.config, run_id)
     holds = (
         Holds(bool(hold["execution_hold"]), bool(hold["admission_hold"]))
         if hold
         else Holds(False, False)
     )
-    return inspection_document(
+    document = inspection_document(
         run, steps, holds, [OperatorActionRecord.from_row(row) for row in actions]
     )
+    if conflicts:
+        # Only a recovery-only instance serves while a live binding changed (§9.7).
+        document["bindingConflict"] = True
+        document["conflictingConnections"] = conflicts
+    return document
 
 
 # ----------------------------------------------------------------------------------- lists

@@ -16,6 +16,7 @@ from typing import Final
 
 import grpc
 
+from core.bindings import verify_live_bindings
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
@@ -141,6 +142,9 @@ async def serve(
     try:
         await store.open()
         await store.verify()
+        # A recovery-only instance starts despite a live binding conflict (it only logs it)
+        # so that an operator can inspect the runs concerned.
+        await verify_live_bindings(store, refuse=not runtime.recovery_only)
         await grpc_server.start()
         log.info("recovery serving")
         if started is not None:

@@ -1,32 +1,283 @@
 """``wait-for``: waiting for a product result (CONTRACT §9.5).
 
-PRELIMINARY: reading Casework's review result every ``resultCheckSeconds`` lands with the
-review-wait work. Until then the step only waits — woken by nothing but its timeout, which
-continues at ``onTimeout`` — so a run reaching it stays ``waiting`` and visible.
+The one result a workflow can wait for today is Casework's ``review-decision``. The step
+reads it from the catalogued route with the connection's token — at once when the step is
+reached, then every ``resultCheckSeconds`` — and continues at ``next`` with the decision's
+``outcome`` and ``decidedAt`` kept (sealed, purpose ``wait-result``) for later steps to
+read as ``${steps.<id>.outcome}``. After ``timeoutSeconds`` without a decision it continues
+at ``onTimeout`` instead.
+
+Between checks the step is an ordinary row with a due time (the earlier of its next check
+and its timeout): no process keeps anything for it, and the claim loop finds it through
+the same partial index as every other due step. Each check is one request, planned a
+randomly spread interval ahead (±10 %) so that runs which started together do not keep
+reading together.
+
+A Casework completion event brings the next check forward to now (admission does that,
+through the step's keyed ``wait_match`` digest). The planned check is stored *before* the
+read and the step is scheduled from whatever is stored *after* it, so an event that arrives
+while a read is on its way is not lost: the step is due again at once (see
+``core/db/queries/waits.sql``). The first read, right after the digest is stored, covers a
+decision made before the step started waiting.
+
+Reads change nothing at the product and are safe to repeat, so a stopping dispatcher may cut
+one off and give the step back at once (it stays due and is read again). What the answers
+mean:
+
+- a decision → the wait ends;
+- pending → the next check is scheduled;
+- no answer, 408, 429 or 5xx, or an unreadable body → the next check is scheduled, nothing
+  else (the next read will tell);
+- 401 (after one fresh token), 403, 404 or another 4xx → Casework will not show this run
+  the result. The run keeps waiting and polling at its usual pace, but is marked
+  ``attention: true`` and a warning is logged, so an operator can fix the product's policy
+  (the next answered read clears the mark) or cancel the run. Failing the run instead would
+  throw away a review that may well be decided once the policy is repaired.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
 
+from core import derive
+from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
+from core.errors import CoordinatorError
+from core.workflow import catalogue
+from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
-from dispatcher.context import Claimed, RunView
-from dispatcher.settle import Tx
+from dispatcher.adapters import Binding
+from dispatcher.context import Claimed, RunView, transaction
+from dispatcher.settle import Failure, Tx
 from dispatcher.steps.base import Flight, StepEnv
+from dispatcher.token_client import TokenUnavailable
+
+log = logging.getLogger("coordinator.dispatcher")
+
+DECIDED: Final = "decided"
+PENDING: Final = "pending"
+FAILED: Final = "failed"
+REFUSED: Final = "refused"
+
+SPREAD: Final = 0.2
+"""Checks are planned ``interval × (1 ± SPREAD/2)`` ahead."""
+_RETRY_STATUSES: Final = frozenset({408, 429})
+
+
+@dataclass(frozen=True)
+class Read:
+    """What one read of a result answered."""
+
+    kind: str
+    """decided, pending, failed or refused."""
+    reason: str
+    """A short, value-free description for logs."""
+    status: int | None = None
+    result: Mapping[str, str] | None = None
+    """The result fields of a decision (``outcome``, ``decidedAt``)."""
+
+
+def check_delay(interval: float, jitter: Callable[[], float]) -> float:
+    """Seconds until the next check: ``interval`` spread by up to ±10 % at random."""
+    return interval * (1.0 - SPREAD / 2 + SPREAD * jitter())
+
+
+def interpret(status: int, body: bytes) -> Read:
+    """Classify an answer of ``GET …/review-requests/{reviewId}``. Never quotes the body."""
+    if 200 <= status < 300:
+        try:
+            document: Any = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            return Read(FAILED, f"{status} with a body that is not JSON", status)
+        state = document.get("status") if isinstance(document, dict) else None
+        if state == "pending":
+            return Read(PENDING, f"{status} pending", status)
+        decision = document.get("decision") if isinstance(document, dict) else None
+        if state == "decided" and isinstance(decision, dict):
+            outcome, decided_at = decision.get("outcome"), decision.get("decidedAt")
+            if isinstance(outcome, str) and isinstance(decided_at, str):
+                return Read(
+                    DECIDED,
+                    f"{status} decided",
+                    status,
+                    {"outcome": outcome, "decidedAt": decided_at},
+                )
+        return Read(FAILED, f"{status} without a readable result", status)
+    if status in _RETRY_STATUSES or status >= 500:
+        return Read(FAILED, f"{status}", status)
+    if 400 <= status < 500:
+        return Read(REFUSED, f"{status}", status)
+    return Read(FAILED, f"{status}", status)
+
+
+def result_check_seconds(env: StepEnv, connection: str) -> int:
+    """The connection's ``resultCheckSeconds`` in the runtime file this dispatcher runs with.
+
+    Not part of a run's binding: a changed value applies from each wait's next check.
+    """
+    settings = env.store.runtime.config.connections.get(connection)
+    if settings is None or settings.result_check_seconds is None:
+        return DEFAULT_RESULT_CHECK_SECONDS
+    return settings.result_check_seconds
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where and what to read, and the digest completion events carry."""
+
+    url: str
+    match: bytes
+
+
+async def _binding(env: StepEnv, run: RunView, connection: str) -> Binding | None:
+    async with transaction(env.store) as conn:
+        row = await conn.fetchrow(env.store.queries["dispatcher_binding_read"], run.id, connection)
+    return None if row is None else Binding.from_row(row)
+
+
+async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Failure:
+    """The read's URL and the wait's digest, or the failure that ends the run."""
+    kind = run.workflow.connections[step.connection]
+    result = catalogue.result(kind, step.result)
+    if result is None or len(result.identifying) != 1:
+        # The checker refuses a wait-for on a result the catalogue lacks; a package that
+        # still names one cannot be waited on.
+        raise CoordinatorError(
+            "deployment.refused", f"{kind} has no result {step.result!r} to wait for"
+        )
+    field = result.identifying[0].name
+    pointer = f"/{field}"
+    try:
+        identity = render(step.identifying.get(field), run.scope)
+    except MissingValue:
+        return Failure("mapping-invalid", pointer)
+    if not isinstance(identity, str) or not identity:
+        return Failure("mapping-invalid", pointer)
+    binding = await _binding(env, run, step.connection)
+    if binding is None:
+        raise CoordinatorError(
+            "binding.conflict", f"the run has no binding for connection '{step.connection}'"
+        )
+    try:
+        path = catalogue.fill_path(result.path, {"profile": binding.profile, field: identity})
+    except ValueError:
+        return Failure("mapping-invalid", pointer)
+    return _Target(
+        url=binding.base_url.rstrip("/") + path,
+        match=derive.wait_match(env.admission_key, step.connection, step.result, identity),
+    )
+
+
+async def _token(env: StepEnv, connection: str) -> str | None:
+    try:
+        return await env.tokens.token(connection)
+    except (TokenUnavailable, CoordinatorError) as exc:
+        log.warning("no access token for connection %s: %s", connection, exc)
+        return None
+
+
+async def _get(env: StepEnv, url: str, token: str) -> Read:
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+    try:
+        answer = await env.http.get(url, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # any failure to get an answer only postpones the read
+        return Read(FAILED, f"no answer ({type(exc).__name__})")
+    return interpret(answer.status_code, answer.content)
+
+
+async def read_result(env: StepEnv, connection: str, url: str) -> Read:
+    """One read of a result (a second one after a 401, with a fresh token)."""
+    token = await _token(env, connection)
+    if token is None:
+        return Read(FAILED, "no access token")
+    read = await _get(env, url, token)
+    if read.status != 401:
+        return read
+    env.tokens.invalidate(connection)
+    fresh = await _token(env, connection)
+    if fresh is None:
+        return Read(FAILED, "401, and no fresh token")
+    return await _get(env, url, fresh)
+
+
+def _timed_out(tx: Tx, step: WaitForStep) -> bool:
+    timeout_at: datetime | None = tx.timeout_at
+    return step.on_timeout is not None and timeout_at is not None and timeout_at <= tx.now
 
 
 async def execute(
     env: StepEnv, claimed: Claimed, run: RunView, step: WaitForStep, flight: Flight
 ) -> None:
-    """Wait; after ``timeoutSeconds`` continue at ``onTimeout``."""
+    """Plan the next check, read the result once, and record what it said."""
+    target = await _target(env, run, step)
+    if isinstance(target, Failure):
+        failure = target
 
-    async def act(tx: Tx) -> None:
-        timeout_at = tx.timeout_at
-        if timeout_at is None and step.timeout_seconds is not None:
+        async def fail(tx: Tx) -> None:
+            await tx.end_run(step_state="failed", run_state="failed", failure=failure)
+
+        await env.settler.settle(claimed, fail)
+        return
+
+    queries = env.store.queries
+    delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
+    entering = claimed.state == "ready"
+
+    async def plan(tx: Tx) -> None:
+        timeout_at = None
+        if step.timeout_seconds is not None and step.on_timeout is not None:
             timeout_at = tx.now + timedelta(seconds=step.timeout_seconds)
-        if timeout_at is not None and step.on_timeout is not None and timeout_at <= tx.now:
+        await tx.conn.fetchrow(
+            queries["waits_plan_check"], run.id, step.id, target.match, timeout_at, delay
+        )
+        if entering:
+            await tx.conn.execute(queries["dispatcher_run_progress"], run.id, "waiting")
+
+    planned, _ = await env.settler.settle(claimed, plan)
+    if not planned:
+        return
+    if env.stopping():
+        await env.settler.release(claimed)
+        return
+
+    read = await read_result(env, step.connection, target.url)
+    if read.kind == REFUSED:
+        log.warning(
+            "wait %s of run %s: the product refused to show the result (%s); "
+            "the run keeps waiting and needs attention",
+            step.id,
+            run.id,
+            read.reason,
+        )
+    elif read.kind == FAILED:
+        log.info("wait %s of run %s: the read failed (%s)", step.id, run.id, read.reason)
+
+    async def record(tx: Tx) -> None:
+        if read.kind == DECIDED and read.result is not None:
+            await tx.conn.execute(queries["waits_last_check"], run.id, step.id)
+            await tx.keep("wait-result", dict(read.result))
+            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, False)
+            await tx.advance(run.workflow, step.next)
+            return
+        if _timed_out(tx, step) and step.on_timeout is not None:
+            await tx.conn.execute(queries["waits_last_check"], run.id, step.id)
+            # The wait is over either way; a mark left by refused reads no longer applies.
+            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, False)
             await tx.advance(run.workflow, step.on_timeout)
             return
-        await tx.wait(timeout_at, timeout_at)
+        await tx.conn.fetchrow(queries["waits_schedule"], run.id, step.id)
+        if read.kind in (REFUSED, PENDING):
+            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, read.kind == REFUSED)
 
-    await env.settler.settle(claimed, act)
+    done, _ = await env.settler.settle(claimed, record)
+    if not done:
+        log.warning(
+            "wait %s of run %s: the lease was lost before the read was recorded", step.id, run.id
+        )

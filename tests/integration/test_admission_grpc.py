@@ -79,7 +79,8 @@ async def test_refusals_cross_the_wire_with_code_and_pointers(env: Served) -> No
         "errors": [{"pointer": "/subjectRef", "reason": invalid.value.extra["errors"][0]["reason"]}]
     }
     assert malformed.value.code == "request.invalid"
-    assert events.value.code == "method-not-allowed"
+    # An event source this runtime file does not configure starts nothing.
+    assert events.value.code == "authentication.refused"
 
 
 async def test_check_reports_store_and_activation(env: Served) -> None:

@@ -1,0 +1,201 @@
+"""Live bindings: runs in flight keep the connection settings they were admitted under
+(CONTRACT §9.7).
+
+Admission records, per run and connection, the endpoint (``baseUrl``), the identity
+(``authorization.clientId`` and the deployment's issuer), the ``scopes`` and the task
+authority (``profile``, and Casework's ``producer``). A run that has not ended must go on
+talking to the same product, as the same client, with the same authority: a runtime file
+that changes any of those for a connection such a run uses is a *live binding conflict*.
+
+- At startup, admission, the dispatcher and recovery compare every distinct binding of the
+  runs that have not ended with the runtime file (:func:`verify_live_bindings`); a
+  difference refuses startup with ``command.live-binding-conflict`` (printed as the raw
+  code ``live-binding-conflict``), naming the connection and the settings, never a run.
+  A ``--recovery-only`` instance starts anyway — it dispatches and admits nothing — and
+  reports the conflicting connections in its log; inspection marks the affected runs
+  (:func:`run_conflicts`).
+- An action that would act on one run under changed settings is refused with 409
+  ``binding.live-conflict`` (:func:`refuse_run_conflict`).
+
+Scopes are compared as a set (their order means nothing). Not part of a binding, and so
+free to change while runs wait: ``completion`` (and its token), ``resultCheckSeconds`` and
+the token ``audience``, which the contract does not list among a binding's settings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+
+from core.config.model import RuntimeConfig
+from core.db.queries import Queries
+from core.errors import CoordinatorError
+from core.runtime import Store
+
+log = logging.getLogger("coordinator.bindings")
+
+STARTUP_CODE: Final = "command.live-binding-conflict"
+"""The startup refusal; the launcher prints it as the raw code ``live-binding-conflict``."""
+API_CODE: Final = "binding.live-conflict"
+"""The 409 problem of an action that would act under a changed binding."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The settings of one connection that a run depends on, in runtime-file words."""
+
+    type: str
+    base_url: str
+    client_id: str
+    issuer: str
+    scopes: frozenset[str]
+    profile: str
+    producer: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Binding:
+        """A binding from a ``binding`` row (``bindings_live``/``bindings_of_run``)."""
+        return cls(
+            type=str(row["connection_type"]),
+            base_url=str(row["base_url"]),
+            client_id=str(row["client_id"]),
+            issuer=str(row["issuer"]),
+            scopes=frozenset(row["scopes"]),
+            profile=str(row["profile"]),
+            producer=None if row["producer"] is None else str(row["producer"]),
+        )
+
+
+# The runtime-file words of each compared setting, in the order a refusal lists them.
+_SETTINGS: Final = (
+    ("type", "type"),
+    ("base_url", "baseUrl"),
+    ("client_id", "authorization.clientId"),
+    ("issuer", "deployment.authentication.issuer"),
+    ("scopes", "authorization.scopes"),
+    ("profile", "profile"),
+    ("producer", "producer"),
+)
+
+
+def configured(config: RuntimeConfig, connection: str) -> Binding | None:
+    """The binding the runtime file gives ``connection`` now; ``None`` when it lacks it."""
+    settings = config.connections.get(connection)
+    if settings is None:
+        return None
+    return Binding(
+        type=settings.type,
+        base_url=settings.base_url,
+        client_id=settings.authorization.client_id,
+        issuer=config.deployment.authentication.issuer,
+        scopes=frozenset(settings.authorization.scopes),
+        profile=settings.profile,
+        producer=settings.producer,
+    )
+
+
+def differences(config: RuntimeConfig, connection: str, recorded: Binding) -> tuple[str, ...]:
+    """The settings of ``connection`` that differ from ``recorded`` (empty when none do)."""
+    current = configured(config, connection)
+    if current is None:
+        return ("the connection itself (it is no longer in the runtime file)",)
+    return tuple(
+        words
+        for attribute, words in _SETTINGS
+        if getattr(current, attribute) != getattr(recorded, attribute)
+    )
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One connection whose runtime-file settings differ from what live runs recorded."""
+
+    connection: str
+    settings: tuple[str, ...]
+    """The differing settings, in runtime-file words."""
+
+    def describe(self) -> str:
+        """``connection 'review': baseUrl, producer`` — no run data."""
+        return f"connection '{self.connection}': {', '.join(self.settings)}"
+
+
+def conflicts_in(config: RuntimeConfig, rows: Sequence[Mapping[str, Any]]) -> list[Conflict]:
+    """The conflicts among recorded binding rows (each row names its ``connection``)."""
+    found: dict[str, list[str]] = {}
+    for row in rows:
+        connection = str(row["connection"])
+        for words in differences(config, connection, Binding.from_row(row)):
+            listed = found.setdefault(connection, [])
+            if words not in listed:
+                listed.append(words)
+    return [Conflict(name, tuple(found[name])) for name in sorted(found)]
+
+
+async def live_conflicts(
+    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig
+) -> list[Conflict]:
+    """Every connection whose settings differ for at least one run that has not ended."""
+    return conflicts_in(config, await conn.fetch(queries["bindings_live"]))
+
+
+async def verify_live_bindings(store: Store, *, refuse: bool = True) -> list[Conflict]:
+    """The startup check: refuse (``command.live-binding-conflict``) when a live run's
+    binding differs from the runtime file; with ``refuse=False`` (a recovery-only
+    instance) log the conflicts and answer them instead."""
+    async with store.connection() as conn:
+        found = await live_conflicts(conn, store.queries, store.runtime.config)
+    if found and refuse:
+        listed = "; ".join(conflict.describe() for conflict in found)
+        raise CoordinatorError(
+            STARTUP_CODE,
+            f"{listed} changed while runs that have not ended depend on them; restore the "
+            "earlier settings, or investigate with --recovery-only",
+        )
+    for conflict in found:
+        log.warning(
+            "live binding conflict on %s: affected runs show it in their inspection",
+            conflict.describe(),
+        )
+    return found
+
+
+async def run_conflicts(
+    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig, run_id: str
+) -> list[str]:
+    """The connections of a run that has not ended whose settings changed (sorted)."""
+    rows = await conn.fetch(queries["bindings_of_run"], run_id)
+    if not rows or rows[0]["ended"]:
+        return []
+    return [conflict.connection for conflict in conflicts_in(config, rows)]
+
+
+async def refuse_run_conflict(
+    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig, run_id: str
+) -> None:
+    """Refuse (409 ``binding.live-conflict``) to act on a run whose binding changed."""
+    changed = await run_conflicts(conn, queries, config, run_id)
+    if changed:
+        names = ", ".join(f"'{name}'" for name in changed)
+        raise CoordinatorError(
+            API_CODE,
+            f"the run depends on settings of connection {names} that the runtime file changed",
+        )
+
+
+__all__ = [
+    "API_CODE",
+    "STARTUP_CODE",
+    "Binding",
+    "Conflict",
+    "configured",
+    "conflicts_in",
+    "differences",
+    "live_conflicts",
+    "refuse_run_conflict",
+    "run_conflicts",
+    "verify_live_bindings",
+]

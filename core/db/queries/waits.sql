@@ -1,0 +1,83 @@
+-- Waiting for a product result (wait-for, CONTRACT §9.5): the dispatcher's side, which plans
+-- and records each read of the result, and admission's side, which brings a waiting step's
+-- next read forward when a completion event names it.
+--
+-- A waiting wait-for step is ordinary due work: its due_at is the earlier of its next check
+-- and its timeout, so the dispatcher's claim (dispatcher_claim, over the partial index
+-- step_due) finds it when a check is due and never looks at the others. Nothing is kept in
+-- memory per waiting run, and no statement walks the waiting steps.
+--
+-- The order of one check is what makes an event that arrives during a read count:
+--   1. waits_plan_check, before the read, stores the instant of the following check in
+--      next_check_at (the step stays leased and due);
+--   2. the read happens, outside any transaction;
+--   3. waits_schedule makes the step due at the earlier of next_check_at and timeout_at.
+-- A completion event in between sets next_check_at to now (waits_wake), so step 3 makes the
+-- step due at once and the result is read again, instead of the event being overwritten by
+-- the planned check.
+
+-- name: waits_plan_check
+-- Before reading the result for step $2 (text) of run $1 (text), locked by
+-- dispatcher_step_lock: the step is waiting, found by the keyed digest $3 (bytea; a
+-- completion event carries the same), times out at $4 (timestamptz, kept when one is set
+-- already; null for no timeout), and its following check is $5 (float8) seconds from now.
+UPDATE {{ns}}.step
+   SET state = 'waiting',
+       wait_match = $3::bytea,
+       timeout_at = coalesce(timeout_at, $4::timestamptz),
+       next_check_at = {{ns}}.now() + make_interval(secs => $5::float8),
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2
+RETURNING next_check_at, timeout_at;
+
+-- name: waits_schedule
+-- A read of step $2 (text) of run $1 (text), locked by dispatcher_step_lock, found no
+-- decision (or failed): count the check, make the step due at its next check or its
+-- timeout, whichever comes first, and give up the lease. A completion event that arrived
+-- during the read had set next_check_at to its own instant, so the step is due at once.
+UPDATE {{ns}}.step
+   SET checks = checks + 1,
+       due_at = least(next_check_at, timeout_at),
+       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+       updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2
+RETURNING due_at;
+
+-- name: waits_last_check
+-- Count the read of step $2 (text) of run $1 (text), locked by dispatcher_step_lock, that
+-- ends the wait (a decision, or the timeout); no further check is planned.
+UPDATE {{ns}}.step
+   SET checks = checks + 1, next_check_at = NULL, updated_at = {{ns}}.now()
+ WHERE run_id = $1 AND step_id = $2;
+
+-- name: waits_run_attention
+-- Set run $1's (text) attention to $2 (boolean) while it waits: true when the product
+-- refused to show it the result, false again once a read is answered. Attention is never
+-- cleared from a run with an uncertain step (that is an operator's business) or an ended
+-- run. Answers the run id when something changed.
+UPDATE {{ns}}.run r
+   SET attention = $2::boolean, updated_at = {{ns}}.now()
+ WHERE r.id = $1
+   AND r.ended_at IS NULL
+   AND r.attention IS DISTINCT FROM $2::boolean
+   AND ($2::boolean
+        OR NOT EXISTS (SELECT 1 FROM {{ns}}.step s
+                        WHERE s.run_id = r.id AND s.state = 'uncertain'))
+RETURNING r.id;
+
+-- name: waits_wake
+-- A completion event for the result whose keyed digest is $1 (bytea): bring the next check
+-- of the waiting step that awaits it forward to now (an earlier due time is kept). Finds
+-- the step through the partial index step_wait_match; a step of an ended run is left
+-- alone. Admission may change only due_at, next_check_at and updated_at. Answers the run
+-- of each step woken (none for an unknown review).
+UPDATE {{ns}}.step s
+   SET due_at = CASE WHEN s.due_at IS NULL OR s.due_at > {{ns}}.now()
+                     THEN {{ns}}.now() ELSE s.due_at END,
+       next_check_at = CASE WHEN s.next_check_at IS NULL OR s.next_check_at > {{ns}}.now()
+                            THEN {{ns}}.now() ELSE s.next_check_at END,
+       updated_at = {{ns}}.now()
+ WHERE s.wait_match = $1::bytea
+   AND s.state = 'waiting'
+   AND EXISTS (SELECT 1 FROM {{ns}}.run r WHERE r.id = s.run_id AND r.ended_at IS NULL)
+RETURNING s.run_id;
