@@ -109,6 +109,13 @@ def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
         asyncio.run(_run_component(component, path, recovery_only))
     except CoordinatorError as error:
         _refuse(error)
+    except Exception as error:
+        # Still one line and a code, never a traceback: the type names the failure.
+        logging.getLogger("coordinator").debug("component failed", exc_info=True)
+        sys.stderr.write(
+            f"deployment.refused: the {component} component failed ({type(error).__name__})\n"
+        )
+        sys.exit(1)
     sys.exit(0)
 
 

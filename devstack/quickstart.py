@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,15 @@ from devstack.postgres import PostgresServer
 from devstack.stack import LocalStack, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE = ROOT / "var" / "quickstart"
+# Tests run the quickstart into a scratch folder; users get var/quickstart/.
+STATE = Path(os.environ.get("COORDINATOR_QUICKSTART_STATE") or ROOT / "var" / "quickstart")
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 EXAMPLES = ("approval-notice", "appointment-booking", "register-change")
 DEMO_WORKFLOW = "approval-notice"
 DEMO_INPUT = {"applicationId": "APP-2041", "applicantRef": "person-17"}
@@ -137,7 +146,7 @@ def the_review(listing: str, subject: str) -> dict[str, Any]:
 def run_demo(stack: LocalStack, stages: Stages) -> None:
     producer = stack.mint("producer", "intake-portal-user", STATE / "producer-token")
     operator = stack.mint("operator", "duty-operator", STATE / "operator-token")
-    print("      tokens written (mode 0600): var/quickstart/producer-token, operator-token")
+    print(f"      tokens written (mode 0600): {shown(producer)}, {shown(operator)}")
     api = ["--url", stack.url]
     casework_url = stack.product_urls["casework-review-producer"]
     project = stack.summary["completions"]["review"]["profile"]
@@ -232,7 +241,9 @@ def run(serve: bool) -> int:
     packages = package_examples(STATE / "packages")
 
     stages.say("Starting PostgreSQL 17 with TLS (private CA, migration and runtime roles)")
-    server = PostgresServer.start(STATE / "postgres", durable=serve)
+    # The server gets its own scratch folder: it runs as an unprivileged user, who may not
+    # be able to reach a checkout under a private home folder.
+    server = PostgresServer.start(durable=serve)
     stack: LocalStack | None = None
     try:
         print(f"      listening on {server.host}:{server.port} (TLS required)", flush=True)
@@ -243,7 +254,7 @@ def run(serve: bool) -> int:
             database=server.default,
             result_check_seconds=RESULT_CHECK_SECONDS,
         )
-        print(f"      {stack.runtime_file.relative_to(ROOT)}", flush=True)
+        print(f"      {shown(stack.runtime_file)}", flush=True)
         stack.start_products()
         for kind, url in sorted(stack.product_urls.items()):
             print(f"      {kind} stand-in at {url}", flush=True)
@@ -270,32 +281,32 @@ def run(serve: bool) -> int:
         if stack is not None:
             stack.stop()
         server.stop()
-    print(f"      everything stopped; state and logs kept in {STATE.relative_to(ROOT)}/")
+    print(f"      everything stopped; state and logs kept in {shown(STATE)}/")
     print(f"quickstart: done in {time.monotonic() - stages.started:.1f} s")
     return 0
 
 
 def serve_forever(stack: LocalStack, stages: Stages) -> int:
-    stack.mint("producer", "intake-portal-user", STATE / "producer-token")
-    stack.mint("operator", "duty-operator", STATE / "operator-token")
+    producer = shown(stack.mint("producer", "intake-portal-user", STATE / "producer-token"))
+    operator = shown(stack.mint("operator", "duty-operator", STATE / "operator-token"))
     casework_url = stack.product_urls["casework-review-producer"]
     project = stack.summary["completions"]["review"]["profile"]
     stages.say("Serving until Ctrl-C")
     print(
         f"""
       coordinator:  {stack.url}   (metrics: {stack.metrics_url}/metrics)
-      runtime file: {stack.runtime_file.relative_to(ROOT)}
-      tokens:       var/quickstart/producer-token, var/quickstart/operator-token
+      runtime file: {shown(stack.runtime_file)}
+      tokens:       {producer}, {operator}
 
       Start a run, decide its review in Casework, and watch it finish:
         echo '{json.dumps(DEMO_INPUT)}' > /tmp/input.json
         .venv/bin/coordinatorctl start --workflow {DEMO_WORKFLOW} --input-file /tmp/input.json \\
-            --url {stack.url} --token-file var/quickstart/producer-token
+            --url {stack.url} --token-file {producer}
         .venv/bin/python -m {CASEWORK_TOOL} list --url {casework_url} --project {project}
         .venv/bin/python -m {CASEWORK_TOOL} decide --url {casework_url} --project {project} \\
             --review-id <reviewId> --outcome approved
         .venv/bin/coordinatorctl inspect --run <runId> --url {stack.url} \\
-            --token-file var/quickstart/operator-token
+            --token-file {operator}
 """,
         flush=True,
     )

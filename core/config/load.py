@@ -56,6 +56,9 @@ SUPPORTED_ALGORITHMS = (
 
 NAMESPACE = re.compile(r"coordinator_[a-z0-9_]+")
 NAMESPACE_MAX_BYTES = 63
+# A Unix socket path holds at most 107 bytes; the longest name placed in the folder is
+# "/dispatcher.sock" (16 bytes).
+SOCKET_DIR_MAX_BYTES = 107 - len("/dispatcher.sock")
 UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -311,6 +314,12 @@ def _internal(value: object, path: str, providers: SecretProviders, base: Path) 
         if "tls" in block:
             raise ConfigInvalid(key(path, "tls"), "only used with addresses")
         socket_dir = r.local_path(block["socketDir"], key(path, "socketDir"), base)
+        if len(str(socket_dir).encode()) > SOCKET_DIR_MAX_BYTES:
+            raise ConfigInvalid(
+                key(path, "socketDir"),
+                f"must be at most {SOCKET_DIR_MAX_BYTES} bytes once resolved, so that the "
+                "components' Unix socket paths fit the system's limit",
+            )
         return Internal(socket_dir=socket_dir, addresses={}, tls=None)
     if "addresses" not in block:
         raise ConfigInvalid(path, "needs socketDir or addresses")

@@ -21,6 +21,7 @@ from core.rpc.errors import rebuild
 COMPONENTS = ("gateway", "admission", "dispatcher", "recovery", "auditd")
 DEFAULT_DEADLINE_SECONDS = 10.0
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+UNIX_PATH_MAX_BYTES = 107
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,13 @@ def server(endpoints: Endpoints, component: str) -> grpc.aio.Server:
         path = Path(address[len("unix:") :])
         if path.exists() or path.is_symlink():
             path.unlink()
-        srv.add_insecure_port(address)
+        if len(str(path).encode()) > UNIX_PATH_MAX_BYTES:
+            raise CoordinatorError(
+                "deployment.refused",
+                f"deployment.internal.socketDir: the socket path {path} is longer than "
+                f"{UNIX_PATH_MAX_BYTES} bytes",
+            )
+        _bind(srv.add_insecure_port, address)
     else:
         if endpoints.tls is None:
             raise CoordinatorError("deployment.refused", "TCP internal addresses need mutual TLS")
@@ -91,8 +98,18 @@ def server(endpoints: Endpoints, component: str) -> grpc.aio.Server:
             root_certificates=endpoints.tls.trusted_root,
             require_client_auth=True,
         )
-        srv.add_secure_port(address, credentials)
+        _bind(lambda where: srv.add_secure_port(where, credentials), address)
     return srv
+
+
+def _bind(add: Callable[[str], int], address: str) -> None:
+    # grpc raises a bare RuntimeError when it cannot bind; say which address, as a refusal.
+    try:
+        add(address)
+    except RuntimeError:
+        raise CoordinatorError(
+            "deployment.refused", f"deployment.internal: cannot listen on {address}"
+        ) from None
 
 
 def channel(endpoints: Endpoints, component: str) -> grpc.aio.Channel:

@@ -340,3 +340,17 @@ def test_check_contacts_no_network(
     with pytest.raises(OSError, match="network use"):
         socket.getaddrinfo("issuer.example.org", 443)
     assert attempts == ["getaddrinfo"]
+
+
+def test_a_socket_dir_too_long_for_unix_sockets_is_refused(
+    tmp_path: Path, document: dict[str, Any]
+) -> None:
+    fits = "/run/" + "s" * (91 - len("/run/"))
+    document["deployment"]["internal"] = {"socketDir": fits}
+    path = write_runtime(tmp_path / "runtime.yaml", document)
+    assert str(load_runtime_file(path).deployment.internal.socket_dir) == fits  # type: ignore[union-attr]
+    document["deployment"]["internal"] = {"socketDir": fits + "x"}
+    path = write_runtime(tmp_path / "runtime.yaml", document)
+    with pytest.raises(ConfigInvalid) as refused:
+        load_runtime_file(path)
+    assert refused.value.path == "deployment.internal.socketDir"
