@@ -106,11 +106,14 @@ def postgres_url(
     user: str, password: str, host: str, port: int, database: str, sslmode: str = "verify-full"
 ) -> str:
     """A ``postgresql://`` URL with every part percent-encoded."""
+
     def q(text: str) -> str:
         return urllib.parse.quote(text, safe="")
 
     shown_host = f"[{host}]" if ":" in host else host
-    return f"postgresql://{q(user)}:{q(password)}@{shown_host}:{port}/{q(database)}?sslmode={sslmode}"
+    return (
+        f"postgresql://{q(user)}:{q(password)}@{shown_host}:{port}/{q(database)}?sslmode={sslmode}"
+    )
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -236,9 +239,20 @@ def ensure_os_user(name: str = OS_USER) -> OsUser:
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         result = subprocess.run(
-            [useradd, "--system", "--user-group", "--no-create-home",
-             "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name],
-            capture_output=True, text=True, check=False,
+            [
+                useradd,
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         try:  # a concurrent session may have created it first
             entry = pwd.getpwnam(name)
@@ -391,8 +405,12 @@ class PostgresServer:
             remove = False
         os.chmod(base, 0o700)
         server = cls(
-            bin_dir=bins, base_dir=base, remove_base=remove, os_user=user,
-            durable=durable, max_connections=max_connections,
+            bin_dir=bins,
+            base_dir=base,
+            remove_base=remove,
+            os_user=user,
+            durable=durable,
+            max_connections=max_connections,
         )
         atexit.register(server.stop)
         try:
@@ -421,8 +439,17 @@ class PostgresServer:
         # Also when start() failed half-way: a postmaster may be up without pg_ctl saying so.
         if self._running or self._postmaster_pid() is not None:
             result = self._run_as_user(
-                [str(self.bin_dir / "pg_ctl"), "stop", "-D", str(self.data_dir),
-                 "-m", "fast", "-w", "-t", str(_START_TIMEOUT_S)],
+                [
+                    str(self.bin_dir / "pg_ctl"),
+                    "stop",
+                    "-D",
+                    str(self.data_dir),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    str(_START_TIMEOUT_S),
+                ],
                 check=False,
             )
             if result.returncode != 0 and self._postmaster_pid() is not None:
@@ -478,15 +505,22 @@ class PostgresServer:
     async def superuser_connect(self, database: str = "postgres") -> asyncpg.Connection:
         """A superuser connection over the Unix socket, for harness and test set-up only."""
         return await asyncpg.connect(
-            host=str(self.socket_dir), port=self.port, user=BOOTSTRAP_USER,
-            database=database, ssl=False,
+            host=str(self.socket_dir),
+            port=self.port,
+            user=BOOTSTRAP_USER,
+            database=database,
+            ssl=False,
         )
 
     def handle(self, database: str) -> DatabaseHandle:
         """Credentials for an existing database on this server."""
         return DatabaseHandle(
-            database=database, host=self.host, port=self.port, ca_pem=self.ca_pem,
-            migration_role=self.migration_role, runtime_role=self.runtime_role,
+            database=database,
+            host=self.host,
+            port=self.port,
+            ca_pem=self.ca_pem,
+            migration_role=self.migration_role,
+            runtime_role=self.runtime_role,
             migration_password=self._migration_password,
             runtime_password=self._runtime_password,
         )
@@ -542,8 +576,15 @@ class PostgresServer:
         if self.os_user is not None:
             extra = {"user": self.os_user.uid, "group": self.os_user.gid, "extra_groups": []}
         result = subprocess.run(
-            args, cwd=self.base_dir, env=env, capture_output=True, text=True, check=False,
-            umask=0o077, start_new_session=new_session, **extra,
+            args,
+            cwd=self.base_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            umask=0o077,
+            start_new_session=new_session,
+            **extra,
         )
         if check and result.returncode != 0:
             raise HarnessError(
@@ -577,9 +618,19 @@ class PostgresServer:
         self.socket_dir.mkdir(mode=0o700)
         self._chown(self.socket_dir)
         self._run_as_user(
-            [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", BOOTSTRAP_USER,
-             "--encoding=UTF8", "--locale=C", "--auth-local=trust", "--auth-host=reject",
-             "--no-sync", "--no-instructions"]
+            [
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                BOOTSTRAP_USER,
+                "--encoding=UTF8",
+                "--locale=C",
+                "--auth-local=trust",
+                "--auth-host=reject",
+                "--no-sync",
+                "--no-instructions",
+            ]
         )
         ca = CertificateAuthority.create()
         cert_pem, key_pem = ca.issue_server(("localhost", LOOPBACK))
@@ -631,9 +682,19 @@ class PostgresServer:
             self.port = _free_port()
             self._write_settings()
             result = self._run_as_user(
-                [str(self.bin_dir / "pg_ctl"), "start", "-D", str(self.data_dir),
-                 "-l", str(self.log_file), "-w", "-t", str(_START_TIMEOUT_S)],
-                check=False, new_session=True,
+                [
+                    str(self.bin_dir / "pg_ctl"),
+                    "start",
+                    "-D",
+                    str(self.data_dir),
+                    "-l",
+                    str(self.log_file),
+                    "-w",
+                    "-t",
+                    str(_START_TIMEOUT_S),
+                ],
+                check=False,
+                new_session=True,
             )
             if result.returncode == 0:
                 self._running = True
@@ -669,9 +730,17 @@ class PostgresServer:
         if pid is None:
             raise HarnessError("the server started but left no postmaster.pid")
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(pid), str(self.base_dir),
-             "1" if self._remove_base else "0"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-c",
+                _WATCHDOG,
+                str(pid),
+                str(self.base_dir),
+                "1" if self._remove_base else "0",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
 
@@ -768,8 +837,12 @@ class ExternalPostgres:
 
     def handle(self, database: str) -> DatabaseHandle:
         return DatabaseHandle(
-            database=database, host=self.host, port=self.port, ca_pem=self.ca_pem,
-            migration_role=self.migration_role, runtime_role=self.runtime_role,
+            database=database,
+            host=self.host,
+            port=self.port,
+            ca_pem=self.ca_pem,
+            migration_role=self.migration_role,
+            runtime_role=self.runtime_role,
             migration_password=self._migration_password,
             runtime_password=self._runtime_password,
         )

@@ -65,8 +65,12 @@ async def test_server_refuses_plain_text(database: DatabaseHandle, who: str) -> 
     )
     with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError) as refused:
         await asyncpg.connect(
-            host=database.host, port=database.port, user=user, password=password,
-            database=database.database, ssl=False,
+            host=database.host,
+            port=database.port,
+            user=user,
+            password=password,
+            database=database.database,
+            ssl=False,
         )
     assert refused.value.sqlstate == "28000"  # rejected by pg_hba.conf, before any password
 
@@ -144,8 +148,12 @@ async def test_runtime_role_has_no_dangerous_attributes(database: DatabaseHandle
         await conn.close()
     assert runtime is not None
     assert dict(runtime) == {
-        "rolsuper": False, "rolbypassrls": False, "rolcreatedb": False,
-        "rolcreaterole": False, "rolreplication": False, "rolcanlogin": True,
+        "rolsuper": False,
+        "rolbypassrls": False,
+        "rolcreatedb": False,
+        "rolcreaterole": False,
+        "rolreplication": False,
+        "rolcanlogin": True,
     }
     assert member is False
     assert may_create is False
@@ -294,8 +302,12 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_killed_owner_does_not_leave_the_server_running() -> None:
     owner = subprocess.run(
-        [sys.executable, "-c", _KILLED_OWNER], capture_output=True, text=True, check=False,
-        cwd=Path(__file__).resolve().parents[2], timeout=60,
+        [sys.executable, "-c", _KILLED_OWNER],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=60,
     )
     assert owner.returncode == -signal.SIGKILL, owner.stderr
     postmaster, watchdog, base = owner.stdout.split()
@@ -312,5 +324,3 @@ def test_a_killed_owner_does_not_leave_the_server_running() -> None:
         for handle in handles:
             os.close(handle)
     assert not Path(base).exists()
-
-
