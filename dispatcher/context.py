@@ -1,32 +1,31 @@
-"""What a step executor works with: settings, the claimed step, the run's definition and
-the values its expressions may read — decrypted here, at the edge of the store.
+"""What a step executor works with: settings, the claimed step, and the run's definition
+with the values its expressions may read.
 
-Payloads are JSON, sealed with :mod:`core.crypto` under the active state key; the
-associated data binds the namespace, the run and the payload's purpose, so a value copied
-to another run or purpose no longer opens. Workflow definitions come from the ``package``
-table (a run keeps the digest it was admitted under) and are parsed once per digest.
+Sealing and opening payloads lives in :mod:`core.payloads` and stored definitions in
+:mod:`core.workflow.stored`, which recovery shares; the names are re-exported here for the
+step executors.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from core import clock
-from core.crypto import Keyring, Sealed, open_, seal
-from core.db.queries import Queries
-from core.errors import CoordinatorError
+from core.crypto import Keyring
+from core.payloads import build_scope
+from core.payloads import encode_json as encode_json
+from core.payloads import open_json as open_json
+from core.payloads import seal_json as seal_json
+from core.payloads import started_at_text as started_at_text
+from core.payloads import transaction as transaction
 from core.runtime import Store
-from core.workflow.check import check_source
 from core.workflow.expr import Scope
 from core.workflow.model import Workflow
+from core.workflow.stored import WorkflowCache as WorkflowCache
 
 
 @dataclass(frozen=True)
@@ -96,71 +95,6 @@ class RunView:
     """What expressions can read: input, kept step values, run id and start instant."""
 
 
-def started_at_text(created_at: datetime) -> str:
-    """``${run.startedAt}``: RFC 3339 UTC with milliseconds (``2027-01-15T08:00:00.000Z``)."""
-    return created_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def encode_json(value: Any) -> bytes:
-    """Canonical JSON bytes of a payload value."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
-
-
-def seal_json(keyring: Keyring, namespace: str, run_id: str, purpose: str, value: Any) -> Sealed:
-    """Seal a JSON value for ``run_id`` under the active state key."""
-    return seal(keyring, namespace, run_id, purpose, encode_json(value))
-
-
-def open_json(
-    keyring: Keyring, namespace: str, run_id: str, purpose: str, row: Mapping[str, Any]
-) -> Any:
-    """Open a sealed payload row (``key_version``, ``nonce``, ``ciphertext``) as JSON."""
-    sealed = Sealed(int(row["key_version"]), bytes(row["nonce"]), bytes(row["ciphertext"]))
-    plaintext = open_(keyring, namespace, run_id, purpose, sealed)
-    try:
-        return json.loads(plaintext)
-    except ValueError:
-        raise CoordinatorError(
-            "state.payload-unauthentic", f"the sealed {purpose} payload is not JSON"
-        ) from None
-
-
-class WorkflowCache:
-    """Workflow definitions by package digest, each parsed once from the stored source."""
-
-    def __init__(self) -> None:
-        self._parsed: dict[str, Workflow] = {}
-        self._lock = asyncio.Lock()
-
-    async def get(self, conn: asyncpg.Connection, queries: Queries, digest: str) -> Workflow:
-        """The definition of ``digest``, read from the ``package`` table the first time."""
-        found = self._parsed.get(digest)
-        if found is not None:
-            return found
-        async with self._lock:
-            found = self._parsed.get(digest)
-            if found is None:
-                row = await conn.fetchrow(queries["package_read"], digest)
-                if row is None:
-                    raise CoordinatorError(
-                        "deployment.refused", f"package {digest} is not stored in the database"
-                    )
-                # The source was checked when the package was built and when it was
-                # applied; checking again here costs little once per digest and keeps a
-                # tampered row from running half-understood.
-                found = check_source(bytes(row["source"]))
-                self._parsed[digest] = found
-        return found
-
-
-@contextlib.asynccontextmanager
-async def transaction(store: Store) -> AsyncIterator[asyncpg.Connection]:
-    """One pooled connection inside one transaction, on the (test) clock."""
-    async with store.connection() as conn, conn.transaction():
-        await clock.apply_to(conn)
-        yield conn
-
-
 async def load_run(
     conn: asyncpg.Connection,
     store: Store,
@@ -175,20 +109,13 @@ async def load_run(
     if row is None or row["ended"]:
         return None
     workflow = await workflows.get(conn, queries, str(row["package_digest"]))
-    run_input: Any = None
-    kept: dict[str, dict[str, Any]] = {}
-    for payload in await conn.fetch(queries["dispatcher_scope_payloads"], run_id):
-        value = open_json(keyring, namespace, run_id, str(payload["purpose"]), payload)
-        if payload["step_id"] is None:
-            run_input = value
-        elif isinstance(value, dict):
-            kept[str(payload["step_id"])] = value
     created_at: datetime = row["created_at"]
-    scope = Scope(
-        input=run_input,
-        steps=kept,
-        run_id=run_id,
-        run_started_at=started_at_text(created_at),
+    scope = build_scope(
+        keyring,
+        namespace,
+        run_id,
+        created_at,
+        await conn.fetch(queries["dispatcher_scope_payloads"], run_id),
     )
     return RunView(
         id=run_id,

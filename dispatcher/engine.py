@@ -25,6 +25,7 @@ import httpx
 
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
+from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
 from dispatcher.claim import Claimer, Listener
@@ -33,7 +34,6 @@ from dispatcher.metrics import DispatchMetrics
 from dispatcher.settle import Settler
 from dispatcher.steps import call, choose, finish, wait_for, wait_until
 from dispatcher.steps.base import WORKING, Flight, StepEnv
-from dispatcher.tokens import ConnectionTokens
 
 log = logging.getLogger("coordinator.dispatcher")
 

@@ -141,6 +141,9 @@ CREATE TABLE {{ns}}.run (
     outcome        text,
     attention      boolean NOT NULL DEFAULT false,
     cancelling     boolean NOT NULL DEFAULT false,
+    -- a cancel with onCancel: the seq of the onCancel step. Steps before it are abandoned
+    -- (their answers still settle them, but never lead on); null without such a path
+    cancel_seq     integer CHECK (cancel_seq > 0),
     failure_kind   text CHECK (failure_kind IN ('invalid-command', 'mapping-invalid',
                                                 'refused', 'deadline-exceeded')),
     -- a JSON pointer into the command or the output mapping, never a value
@@ -154,7 +157,8 @@ CREATE TABLE {{ns}}.run (
     CHECK ((state IN ('succeeded', 'failed', 'cancelled')) = (ended_at IS NOT NULL)),
     CHECK (state <> 'succeeded' OR outcome IS NOT NULL),
     CHECK (failure_kind IS NULL OR state = 'failed'),
-    CHECK (erased_at IS NULL OR ended_at IS NOT NULL)
+    CHECK (erased_at IS NULL OR ended_at IS NOT NULL),
+    CHECK (cancel_seq IS NULL OR cancelling)
 ) WITH (fillfactor = 80);
 
 -- list: newest first, with (created_at, id) as the cursor

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import httpx
 
 from core.crypto import Keyring
+from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from dispatcher.context import DispatchSettings
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settle import Settler
-from dispatcher.tokens import ConnectionTokens
 
 WORKING = "working"
 """Nothing has been sent for this step by this execution."""

@@ -31,7 +31,9 @@ from typing import Any
 
 from core.derive import command_key
 from core.errors import CoordinatorError
+from core.products.token_client import TokenUnavailable
 from core.workflow.catalogue import Operation
+from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
 from dispatcher.adapters import (
     Binding,
@@ -49,10 +51,8 @@ from dispatcher.classify import (
     retry_delay,
 )
 from dispatcher.context import Claimed, RunView, open_json, transaction
-from dispatcher.mapping import map_command, map_output
 from dispatcher.settle import Failure, Tx
 from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv
-from dispatcher.token_client import TokenUnavailable
 
 log = logging.getLogger("coordinator.dispatcher")
 

@@ -48,6 +48,7 @@ from typing import Any, Final
 from core import derive
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
+from core.products.token_client import TokenUnavailable
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
@@ -55,7 +56,6 @@ from dispatcher.adapters import Binding
 from dispatcher.context import Claimed, RunView, transaction
 from dispatcher.settle import Failure, Tx
 from dispatcher.steps.base import Flight, StepEnv
-from dispatcher.token_client import TokenUnavailable
 
 log = logging.getLogger("coordinator.dispatcher")
 

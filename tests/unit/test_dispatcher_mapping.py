@@ -8,8 +8,8 @@ import pytest
 
 from core.workflow.catalogue import Operation, operation
 from core.workflow.expr import Scope
+from core.workflow.mapping import map_command, map_output, map_value
 from dispatcher.claim import BUSY_FLOOR_SECONDS, Wake
-from dispatcher.mapping import map_command, map_output, map_value
 
 _SEND = operation("messaging", "send-notice")
 assert _SEND is not None

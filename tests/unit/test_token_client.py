@@ -16,16 +16,16 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from devstack.issuer import ASSERTION_TYPE, DevIssuer, generate_private_jwk
-from devstack.products.common import StandInSettings
-from devstack.products.messaging import MessagingStandIn
-from dispatcher.token_client import (
+from core.products.token_client import (
     ClientCredentials,
     IssuerDiscovery,
     TokenClient,
     TokenUnavailable,
     credentials_for,
 )
+from devstack.issuer import ASSERTION_TYPE, DevIssuer, generate_private_jwk
+from devstack.products.common import StandInSettings
+from devstack.products.messaging import MessagingStandIn
 from tests.helpers.devstack_kit import (
     ISSUER_URL,
     FakeClock,

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 import httpx
 
 from core.config.model import RuntimeConfig
-from core.secrets import SecretResolver
-from dispatcher.token_client import (
+from core.products.token_client import (
     IssuerDiscovery,
     TokenClient,
     TokenUnavailable,
     credentials_for,
 )
+from core.secrets import SecretResolver
 
 
 class ConnectionTokens:
