@@ -1,9 +1,10 @@
 """recovery: the gRPC servicer for reads and operator actions, and its startup.
 
-Status, inspection, lists and the doctor report are built in recovery/reads.py. Operator
-actions (reconcile, retry-same, cancel, holds, retention) arrive in a later version; until
-then ``RunAction`` and ``OperatorAction`` refuse with ``method-not-allowed``, which the
-gateway answers as 405 and coordinatorctl prints as ``coordinator.method-not-allowed``.
+Status, inspection, lists and the doctor report are built in :mod:`recovery.reads`; the run
+actions (reconcile, retry-same, cancel) in :mod:`recovery.actions`; the restore holds and
+retention in :mod:`recovery.operator`. Every call but ``Check`` and ``Metrics`` first makes
+sure the activation is still the one this component verified at startup: after an ``apply``
+changed it, every API call answers 409 ``deployment.activation-changed`` until a restart.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 import grpc
+import httpx
 
 from core.bindings import verify_live_bindings
 from core.errors import CoordinatorError
@@ -25,7 +27,8 @@ from core.rpc.transport import call, channel, server
 from core.runs import document_json
 from core.runtime import Runtime, Store
 from core.store_health import store_health
-from recovery import reads
+from recovery import actions, operator, reads
+from recovery.env import RecoveryEnv, refuse_activation_changed
 
 log = logging.getLogger("coordinator.recovery")
 
@@ -33,7 +36,6 @@ AuditProbe = Callable[[], Awaitable[bool]]
 """Answers whether the audit journal accepts records (the doctor's ``auditReady``)."""
 
 AUDIT_CHECK_TIMEOUT_SECONDS: Final = 2.0
-NOT_YET: Final = "operator recovery actions arrive in a later version of the coordinator"
 
 
 def audit_probe_over_grpc(audit: pb_grpc.AuditStub) -> AuditProbe:
@@ -54,15 +56,36 @@ def audit_probe_over_grpc(audit: pb_grpc.AuditStub) -> AuditProbe:
 class RecoveryService(pb_grpc.RecoveryServicer):
     """Answer reads about runs and the deployment."""
 
-    def __init__(self, store: Store, *, recovery_only: bool, audit_ready: AuditProbe) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        recovery_only: bool,
+        audit_ready: AuditProbe,
+        env: RecoveryEnv | None = None,
+    ) -> None:
         self.store = store
         self.recovery_only = recovery_only
         self.audit_ready = audit_ready
+        self.env = env
+        """The operator actions' parts; ``None`` serves reads only (some unit tests)."""
+
+    async def _activation_unchanged(self) -> None:
+        async with self.store.connection() as conn:
+            row = await conn.fetchrow(self.store.queries["deployment_read"])
+        if row is not None:
+            refuse_activation_changed(self.store, int(row["activation_serial"]))
+
+    def _actions_env(self) -> RecoveryEnv:
+        if self.env is None:
+            raise CoordinatorError("service.unavailable", "operator actions are not available")
+        return self.env
 
     @refusals
     async def GetRunOwner(
         self, request: pb.RunRef, context: grpc.aio.ServicerContext
     ) -> pb.RunOwner:
+        await self._activation_unchanged()
         owner = await reads.run_owner(self.store, request.run_id)
         if owner is None:
             return pb.RunOwner(found=False)
@@ -70,15 +93,18 @@ class RecoveryService(pb_grpc.RecoveryServicer):
 
     @refusals
     async def Status(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+        await self._activation_unchanged()
         return pb.Document(json=document_json(await reads.status(self.store, request.run_id)))
 
     @refusals
     async def Inspect(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+        await self._activation_unchanged()
         document = await reads.inspection(self.store, request.run_id)
         return pb.Document(json=document_json(document))
 
     @refusals
     async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.Document:
+        await self._activation_unchanged()
         wanted = reads.ListFilter.build(
             workflows=tuple(request.workflows),
             attention=request.attention,
@@ -94,6 +120,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
 
     @refusals
     async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Document:
+        await self._activation_unchanged()
         audit_ready = await self.audit_ready()
         document = await reads.doctor(
             self.store, audit_ready=audit_ready, recovery_only=self.recovery_only
@@ -104,13 +131,21 @@ class RecoveryService(pb_grpc.RecoveryServicer):
     async def RunAction(
         self, request: pb.RunActionRequest, context: grpc.aio.ServicerContext
     ) -> pb.Document:
-        raise CoordinatorError("method-not-allowed", NOT_YET)
+        await self._activation_unchanged()
+        document = await actions.run_action(
+            self._actions_env(), request.run_id, request.action, request.reason
+        )
+        return pb.Document(json=document_json(document))
 
     @refusals
     async def OperatorAction(
         self, request: pb.OperatorActionRequest, context: grpc.aio.ServicerContext
     ) -> pb.Document:
-        raise CoordinatorError("method-not-allowed", NOT_YET)
+        await self._activation_unchanged()
+        document = await operator.operator_action(
+            self._actions_env(), request.action, request.body_json
+        )
+        return pb.Document(json=document_json(document))
 
     @refusals
     async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
@@ -136,7 +171,11 @@ async def serve(
     if audit_channel is not None:
         audit_ready = audit_probe_over_grpc(pb_grpc.AuditStub(audit_channel))
     assert audit_ready is not None
-    service = RecoveryService(store, recovery_only=runtime.recovery_only, audit_ready=audit_ready)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=5.0))
+    env = RecoveryEnv.from_store(store, http, recovery_only=runtime.recovery_only)
+    service = RecoveryService(
+        store, recovery_only=runtime.recovery_only, audit_ready=audit_ready, env=env
+    )
     grpc_server = server(runtime.endpoints, "recovery")
     pb_grpc.add_RecoveryServicer_to_server(service, grpc_server)
     try:
@@ -157,4 +196,5 @@ async def serve(
             await grpc_server.stop(grace=2.0)
         if audit_channel is not None:
             await audit_channel.close()
+        await http.aclose()
         await store.close()

@@ -1,0 +1,68 @@
+"""What recovery's operator actions work with: the store, the keys, the product clients.
+
+One :class:`RecoveryEnv` per running recovery component. Reconcile reads receipts with each
+connection's own OAuth client (so a recovery-only instance can settle calls without a
+dispatcher); retry-same and cancel only write the database, and the dispatcher of an
+ordinary instance does the sending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from core.crypto import Keyring, keyring_from_config
+from core.errors import CoordinatorError
+from core.products.tokens import ConnectionTokens
+from core.runtime import Store
+from core.workflow.stored import WorkflowCache
+
+RECEIPT_TIMEOUT_SECONDS = 10.0
+"""How long a receipt read may take before reconcile answers service.unavailable."""
+
+
+@dataclass
+class RecoveryEnv:
+    """The parts every operator action uses."""
+
+    store: Store
+    keyring: Keyring
+    tokens: ConnectionTokens
+    http: httpx.AsyncClient
+    recovery_only: bool
+    """True under ``--recovery-only``: nothing is dispatched, so retry-same is refused."""
+    workflows: WorkflowCache = field(default_factory=WorkflowCache)
+    sleep: Callable[[float], Awaitable[None]] | None = None
+    """Replaces ``asyncio.sleep`` in tests of retry-same's bounded wait for its answer."""
+
+    @property
+    def namespace(self) -> str:
+        """The deployment's namespace."""
+        return self.store.runtime.config.namespace
+
+    @classmethod
+    def from_store(
+        cls, store: Store, http: httpx.AsyncClient, *, recovery_only: bool
+    ) -> RecoveryEnv:
+        """The environment of the store's runtime file: its state keys and connections."""
+        runtime = store.runtime
+        return cls(
+            store=store,
+            keyring=keyring_from_config(runtime.config, runtime.resolver),
+            tokens=ConnectionTokens(runtime.config, runtime.resolver, http),
+            http=http,
+            recovery_only=recovery_only,
+        )
+
+
+def refuse_activation_changed(store: Store, serial: int) -> None:
+    """409 ``deployment.activation-changed`` when ``serial`` (read in the action's own
+    transaction) differs from the serial this component verified at startup."""
+    activation = store.activation
+    if activation is not None and serial != activation.serial:
+        raise CoordinatorError(
+            "deployment.activation-changed",
+            "an apply changed the active packages after this service started; restart it",
+        )
