@@ -29,7 +29,7 @@ from core.rpc.errors import refusals
 from core.rpc.transport import server
 from core.runs import document_json
 from core.runtime import Runtime, Store
-from core.store_health import store_health
+from core.store_health import refuse_changed_activation, store_health
 
 log = logging.getLogger("coordinator.admission")
 
@@ -74,6 +74,8 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     async def ReviewCompletion(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> pb.Empty:
+        # Starts check the activation inside their own transaction; a wake-up asks first.
+        await refuse_changed_activation(self.admitter.store)
         # The answer is the same whether or not a waiting run matched.
         await self.completions.wake(request.connection, request.review_id)
         return pb.Empty()

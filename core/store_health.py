@@ -41,3 +41,20 @@ async def store_health(store: Store, timeout: float = HEALTH_TIMEOUT_SECONDS) ->
     return pb.Health(
         store_ready=row is not None, activation_ready=activation_ready, reasons=reasons
     )
+
+
+async def refuse_changed_activation(store: Store) -> None:
+    """409 ``deployment.activation-changed`` once an ``apply`` changed the activation this
+    component verified at startup; every API call but ``/ready`` asks this first."""
+    async with store.connection() as conn:
+        row = await conn.fetchrow(store.queries["deployment_read"])
+    activation = store.activation
+    if (
+        row is not None
+        and activation is not None
+        and int(row["activation_serial"]) != activation.serial
+    ):
+        raise CoordinatorError(
+            "deployment.activation-changed",
+            "an apply changed the active packages after this service started; restart it",
+        )

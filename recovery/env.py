@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import httpx
 
 from core.crypto import Keyring, keyring_from_config
-from core.errors import CoordinatorError
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.stored import WorkflowCache
@@ -54,15 +53,4 @@ class RecoveryEnv:
             tokens=ConnectionTokens(runtime.config, runtime.resolver, http),
             http=http,
             recovery_only=recovery_only,
-        )
-
-
-def refuse_activation_changed(store: Store, serial: int) -> None:
-    """409 ``deployment.activation-changed`` when ``serial`` (read in the action's own
-    transaction) differs from the serial this component verified at startup."""
-    activation = store.activation
-    if activation is not None and serial != activation.serial:
-        raise CoordinatorError(
-            "deployment.activation-changed",
-            "an apply changed the active packages after this service started; restart it",
         )

@@ -26,9 +26,9 @@ from core.rpc.errors import refusals
 from core.rpc.transport import call, channel, server
 from core.runs import document_json
 from core.runtime import Runtime, Store
-from core.store_health import store_health
+from core.store_health import refuse_changed_activation, store_health
 from recovery import actions, operator, reads
-from recovery.env import RecoveryEnv, refuse_activation_changed
+from recovery.env import RecoveryEnv
 
 log = logging.getLogger("coordinator.recovery")
 
@@ -71,10 +71,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         """The operator actions' parts; ``None`` serves reads only (some unit tests)."""
 
     async def _activation_unchanged(self) -> None:
-        async with self.store.connection() as conn:
-            row = await conn.fetchrow(self.store.queries["deployment_read"])
-        if row is not None:
-            refuse_activation_changed(self.store, int(row["activation_serial"]))
+        await refuse_changed_activation(self.store)
 
     def _actions_env(self) -> RecoveryEnv:
         if self.env is None:
