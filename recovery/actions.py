@@ -1,13 +1,42 @@
-"""Operator actions on one run: reconcile, retry-same and cancel (CONTRACT §10.1–10.4)."""
+"""Operator actions on one run: reconcile, retry-same and cancel (CONTRACT §8.5, §10.1–10.4).
+
+The gateway validated the request, authorized the caller and audits the action before the
+answer is released; this module checks the action and reason again (a component does not
+trust its caller's validation) and hands over to :mod:`recovery.reconcile`,
+:mod:`recovery.retry_same` or :mod:`recovery.cancel`. Each answers the run's status document
+with ``result``, or raises the refusal of §10 as a :class:`CoordinatorError`.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from core.errors import CoordinatorError
+from recovery.cancel import cancel
 from recovery.env import RecoveryEnv
+from recovery.reconcile import reconcile
+from recovery.retry_same import retry_same
+
+REASON: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+"""An investigation reference: what the operator_action table and the journal accept."""
+
+Action = Callable[[RecoveryEnv, str, str], Awaitable[dict[str, Any]]]
+
+ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
+    {"reconcile": reconcile, "retry-same": retry_same, "cancel": cancel}
+)
 
 
 async def run_action(env: RecoveryEnv, run_id: str, action: str, reason: str) -> dict[str, Any]:
     """Carry out ``action`` on ``run_id``; answers the run's status with ``result``."""
-    raise CoordinatorError("method-not-allowed", f"{action} is not built yet")
+    handler = ACTIONS.get(action)
+    if handler is None:
+        raise CoordinatorError("request.invalid", "action: must be reconcile, retry-same or cancel")
+    if not REASON.fullmatch(reason):
+        raise CoordinatorError(
+            "request.invalid", "reason: must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -"
+        )
+    return await handler(env, run_id, reason)

@@ -28,6 +28,9 @@ class RecoveryEnv:
 
     store: Store
     keyring: Keyring
+    admission_key: bytes
+    """Derives command keys: a step leased but never prepared has none stored, yet the
+    holder may have sent it under the key every attempt of that step carries."""
     tokens: ConnectionTokens
     http: httpx.AsyncClient
     recovery_only: bool
@@ -50,6 +53,7 @@ class RecoveryEnv:
         return cls(
             store=store,
             keyring=keyring_from_config(runtime.config, runtime.resolver),
+            admission_key=runtime.resolver.read_key(runtime.config.deployment.admission_key_ref),
             tokens=ConnectionTokens(runtime.config, runtime.resolver, http),
             http=http,
             recovery_only=recovery_only,

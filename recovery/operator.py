@@ -1,13 +1,134 @@
-"""Deployment-wide operator actions: the restore holds and retention (CONTRACT §10.5, §11)."""
+"""Deployment-wide operator actions: the restore holds and retention (CONTRACT §10.5, §11).
+
+The gateway validated the body before it called; it is checked again here, since this
+component must not act on a body nobody checked (another caller of the internal API, a
+gateway of another version). The order: parse the JSON object, check it has exactly the
+action's members, check each member, then carry the action out in :mod:`recovery.holds`
+or :mod:`recovery.retention`. Every refusal is ``request.invalid`` naming the member at
+fault, never the value sent.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
 
 from core.errors import CoordinatorError
+from recovery import holds, retention
 from recovery.env import RecoveryEnv
+
+REFERENCE: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+"""An investigation reference (``reason``, ``recoveryReference``)."""
+MAX_RETAIN_LIMIT: Final = 100
+_INSTANT: Final = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def _invalid(detail: str) -> CoordinatorError:
+    return CoordinatorError("request.invalid", detail)
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _invalid("the body repeats a member name")
+        found[key] = value
+    return found
+
+
+def _object(body_json: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body_json, object_pairs_hook=_no_repeats)
+    except ValueError:
+        raise _invalid("the body is not a JSON object") from None
+    if not isinstance(value, dict):
+        raise _invalid("the body is not a JSON object")
+    return value
+
+
+def _members(body: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    if any(key not in names for key in body):
+        raise _invalid("the body has a member this action does not take")
+    for name in names:
+        if name not in body:
+            raise _invalid(f"/{name}: required")
+
+
+def _reference(body: Mapping[str, Any], name: str) -> str:
+    value = body[name]
+    if not isinstance(value, str) or not REFERENCE.fullmatch(value):
+        raise _invalid(f"/{name}: must be 1-128 characters of letters, digits and . _ : / -")
+    return value
+
+
+def _attested(body: Mapping[str, Any], name: str) -> None:
+    if body[name] is not True:
+        raise _invalid(f"/{name}: must be true")
+
+
+def _instant(body: Mapping[str, Any], name: str) -> datetime:
+    value = body[name]
+    if isinstance(value, str) and _INSTANT.fullmatch(value):
+        try:
+            # Digits finer than microseconds are dropped (truncated): far below what a
+            # retention cut-off can mean.
+            return datetime.fromisoformat(value.upper().replace("Z", "+00:00")).astimezone(UTC)
+        except ValueError:
+            pass
+    raise _invalid(f"/{name}: must be an RFC 3339 date-time with an offset")
+
+
+def _limit(body: Mapping[str, Any], name: str) -> int:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RETAIN_LIMIT:
+        raise _invalid(f"/{name}: must be an integer from 1 to {MAX_RETAIN_LIMIT}")
+    return value
+
+
+def _attestation(body: Mapping[str, Any], history_flag: str) -> str:
+    _members(body, ("recoveryReference", history_flag, "priorDeploymentFenced"))
+    reference = _reference(body, "recoveryReference")
+    _attested(body, history_flag)
+    _attested(body, "priorDeploymentFenced")
+    return reference
+
+
+def _reason(body: Mapping[str, Any]) -> str:
+    _members(body, ("reason",))
+    return _reference(body, "reason")
+
+
+ACTIONS: Final = (
+    "restore-hold",
+    "complete-execution-recovery",
+    "release-restore-hold",
+    "release-admission-hold",
+    "retain",
+)
 
 
 async def operator_action(env: RecoveryEnv, action: str, body_json: str) -> dict[str, Any]:
     """Carry out the deployment-wide ``action`` with its validated JSON body."""
-    raise CoordinatorError("method-not-allowed", f"{action} is not built yet")
+    if action not in ACTIONS:
+        # The action name is caller text: it is not repeated back.
+        raise _invalid("no such operator action")
+    body = _object(body_json)
+    if action == "restore-hold":
+        return await holds.restore_hold(env, _reason(body))
+    if action == "complete-execution-recovery":
+        reference = _attestation(body, "executionHistoryComplete")
+        return await holds.complete_execution_recovery(env, reference)
+    if action == "release-restore-hold":
+        return await holds.release_restore_hold(env, _reason(body))
+    if action == "release-admission-hold":
+        reference = _attestation(body, "admissionHistoryComplete")
+        return await holds.release_admission_hold(env, reference)
+    _members(body, ("before", "limit"))
+    before = _instant(body, "before")
+    limit = _limit(body, "limit")
+    return await retention.retain(env, before, limit)

@@ -102,7 +102,7 @@ async def test_reads_over_grpc(env: Served) -> None:
     assert bad_limit.value.code == "request.invalid"
 
 
-async def test_operator_actions_are_refused_as_not_yet_available(env: Served) -> None:
+async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> None:
     async with running(env, None) as stub:
         with pytest.raises(CoordinatorError) as run_action:
             await call(
@@ -114,13 +114,23 @@ async def test_operator_actions_are_refused_as_not_yet_available(env: Served) ->
             await call(
                 "recovery", stub.OperatorAction, pb.OperatorActionRequest(action="restore-hold")
             )
+        held = await call(
+            "recovery",
+            stub.OperatorAction,
+            pb.OperatorActionRequest(action="restore-hold", body_json='{"reason":"INC-1"}'),
+        )
         # No auditd is listening here: the default probe reports the journal not ready.
         doctor = json.loads((await call("recovery", stub.Doctor, pb.Empty())).json)
         health = await call("recovery", stub.Check, pb.Empty())
         metrics = await call("recovery", stub.Metrics, pb.Empty())
 
-    assert run_action.value.code == "method-not-allowed"
-    assert operator_action.value.code == "method-not-allowed"
+    # The action runs over the wire and finds no such run.
+    assert run_action.value.code == "run.not-found"
+    # An empty body is refused as malformed before anything is done.
+    assert operator_action.value.code == "request.invalid"
+    # A valid one answers its document, and the doctor sees the holds it set.
+    assert json.loads(held.json)["holds"] == {"execution": True, "admission": True}
+    assert doctor["holds"] == {"execution": True, "admission": True}
     assert doctor["state"]["auditReady"] is False
     assert (health.store_ready, health.activation_ready, list(health.reasons)) == (True, True, [])
     assert "coordinator_store_available 1" in metrics.text.splitlines()

@@ -1,0 +1,158 @@
+"""Reading a product's receipt of one command key, for reconcile (CONTRACT §10.1, §14).
+
+Messaging and Scheduling answer ``GET <baseUrl>/v1/profiles/{profile}/receipts/{key}``. The
+read goes out with the connection's own access token, outside any database transaction, and
+its answer is sorted into one of four kinds:
+
+- ``found``: 200 with a JSON object — the product processed the command; the body is what a
+  live answer would have carried and is mapped like one.
+- ``not-seen``: 404 whose problem code is ``receipt.not-found`` — the product never received
+  the key and can say so within its receipt window. A bare 404 (a proxy, a wrong route) is
+  no such proof and counts as ``unavailable``.
+- ``expired``: 410 — the receipt is older than the window. That proves nothing either way.
+- ``unavailable``: anything else, including no answer at all and no token.
+
+A 401 first gets one more read with a fresh token, as a command does: the product may only
+have judged a stale token. Nothing here logs or raises with a token, a body or a value;
+``reason`` names the status, problem code or failure class only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import httpx
+
+from core.errors import CoordinatorError
+from core.products.token_client import TokenUnavailable
+from core.workflow.catalogue import Operation, fill_path
+
+FOUND: Final = "found"
+NOT_SEEN: Final = "not-seen"
+EXPIRED: Final = "expired"
+UNAVAILABLE: Final = "unavailable"
+
+NOT_FOUND_CODE: Final = "receipt.not-found"
+_CODE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class TokenSource(Protocol):
+    """Where access tokens come from (:class:`core.products.tokens.ConnectionTokens`)."""
+
+    async def token(self, connection: str) -> str:
+        """A current access token for ``connection``."""
+        ...
+
+    def invalidate(self, connection: str) -> None:
+        """Forget ``connection``'s cached token."""
+        ...
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a receipt read learnt."""
+
+    kind: str
+    """found, not-seen, expired or unavailable."""
+    reason: str
+    """A short, value-free description for logs (``404 receipt.not-found``)."""
+    status: int | None = None
+    """The HTTP status, when there was an answer."""
+    body: dict[str, Any] | None = field(default=None, repr=False)
+    """The receipt of a ``found`` read; never logged."""
+
+
+def receipt_url(base_url: str, op: Operation, profile: str, key: str) -> str:
+    """The receipt route of ``key`` under the run's recorded base URL.
+
+    ``ValueError`` when the operation keeps no receipts or a value is not one path segment.
+    """
+    if op.receipt_path is None:
+        raise ValueError(f"{op.name} has no receipts")
+    return base_url.rstrip("/") + fill_path(op.receipt_path, {"profile": profile, "key": key})
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _problem_code(body: bytes) -> str | None:
+    document = _json(body)
+    code = document.get("code") if isinstance(document, dict) else None
+    return code if isinstance(code, str) and _CODE.fullmatch(code) else None
+
+
+def classify_receipt(status: int, body: bytes) -> Receipt:
+    """Sort one HTTP answer to a receipt read."""
+    if status == 200:
+        document = _json(body)
+        if isinstance(document, dict):
+            return Receipt(FOUND, "200", status, document)
+        return Receipt(UNAVAILABLE, "200 with a body that is not a JSON object", status)
+    code = _problem_code(body)
+    described = f"{status} {code}" if code else str(status)
+    if status == 404 and code == NOT_FOUND_CODE:
+        return Receipt(NOT_SEEN, described, status)
+    if status == 410:
+        return Receipt(EXPIRED, described, status)
+    return Receipt(UNAVAILABLE, described, status)
+
+
+async def _get(http: httpx.AsyncClient, url: str, token: str, timeout: float) -> Receipt:
+    try:
+        answer = await http.get(
+            url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=timeout,
+        )
+    except httpx.HTTPError as exc:
+        return Receipt(UNAVAILABLE, f"no answer ({type(exc).__name__})")
+    return classify_receipt(answer.status_code, answer.content)
+
+
+async def _token(tokens: TokenSource, connection: str) -> str | None:
+    try:
+        return await tokens.token(connection)
+    except (TokenUnavailable, CoordinatorError):
+        return None
+
+
+async def read_receipt(
+    http: httpx.AsyncClient,
+    tokens: TokenSource,
+    connection: str,
+    url: str,
+    *,
+    timeout: float,
+) -> Receipt:
+    """Read the receipt at ``url`` as ``connection``'s client; never raises for the answer."""
+    token = await _token(tokens, connection)
+    if token is None:
+        return Receipt(UNAVAILABLE, "no access token for the connection")
+    receipt = await _get(http, url, token, timeout)
+    if receipt.status == 401:
+        tokens.invalidate(connection)
+        fresh = await _token(tokens, connection)
+        if fresh is None:
+            return Receipt(UNAVAILABLE, "401, and no fresh access token")
+        receipt = await _get(http, url, fresh, timeout)
+    return receipt
+
+
+__all__ = [
+    "EXPIRED",
+    "FOUND",
+    "NOT_SEEN",
+    "UNAVAILABLE",
+    "Receipt",
+    "TokenSource",
+    "classify_receipt",
+    "read_receipt",
+    "receipt_url",
+]

@@ -1,0 +1,130 @@
+"""The restore holds (CONTRACT §10.5): restore-hold, complete-execution-recovery,
+release-restore-hold and release-admission-hold.
+
+The order of a restore procedure, as these actions enforce it:
+
+1. ``restore-hold`` sets the execution and admission holds, raises the hold epoch, opens the
+   epoch's recovery record and snapshots every call step that may have sent a command since
+   the backup; those steps become uncertain and their runs held. Issued again while held,
+   it starts a new epoch with a new snapshot, and only the newest snapshot is waited for.
+2. The operator settles each snapshotted step (reconcile, retry-same left for after the
+   release, or cancel) and states with ``complete-execution-recovery`` that the execution
+   history is complete and the prior deployment fenced.
+3. ``release-restore-hold`` lifts the execution hold, only once no snapshotted step is
+   uncertain without a decision and the statement of step 2 is recorded.
+4. ``release-admission-hold`` lifts the admission hold, only after step 3.
+
+Each action is one transaction that first locks the hold row, so operators acting at the
+same time are served one after the other and each sees what the previous one did. Every
+action that succeeds logs an operator action; a refusal rolls everything back and leaves
+its record to the audit journal. The hold row's trigger notifies ``<ns>_hold``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from core.db.queries import Queries
+from core.errors import CoordinatorError
+from core.payloads import transaction
+from core.runs import timestamp
+from recovery.env import RecoveryEnv
+
+
+def _holds(execution: bool, admission: bool) -> dict[str, bool]:
+    return {"execution": execution, "admission": admission}
+
+
+async def _lock_holds(conn: asyncpg.Connection, q: Queries) -> asyncpg.Record:
+    row = await conn.fetchrow(q["recovery_hold_lock"])
+    if row is None:
+        raise CoordinatorError("service.unavailable", "the namespace has no hold row")
+    return row
+
+
+def _hold_required(detail: str) -> CoordinatorError:
+    return CoordinatorError("restore.hold-required", detail)
+
+
+async def _log(conn: asyncpg.Connection, q: Queries, kind: str, reference: str) -> None:
+    await conn.execute(q["recovery_operator_log"], None, kind, reference)
+
+
+async def restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
+    """Set both holds in a new epoch and hold for review every step possibly sent."""
+    q = env.store.queries
+    async with transaction(env.store) as conn:
+        await _lock_holds(conn, q)
+        epoch = int(await conn.fetchval(q["recovery_hold_raise"], reason))
+        # The snapshot first: a leased call step must be found while it still shows its
+        # lease; recovery_leases_drop then frees the leases of every other kind of step.
+        snapshot = await conn.fetchrow(q["recovery_snapshot_take"], epoch)
+        await conn.fetchval(q["recovery_leases_drop"])
+        await _log(conn, q, "restore-hold", reason)
+    assert snapshot is not None  # an aggregate always answers one row
+    return {
+        "holds": _holds(True, True),
+        "epoch": epoch,
+        "snapshot": {"steps": int(snapshot["steps"]), "runs": int(snapshot["runs"])},
+    }
+
+
+async def complete_execution_recovery(env: RecoveryEnv, reference: str) -> dict[str, Any]:
+    """Record the operator's statement that execution recovery is complete."""
+    q = env.store.queries
+    async with transaction(env.store) as conn:
+        hold = await _lock_holds(conn, q)
+        if not hold["execution_hold"]:
+            raise _hold_required("the execution hold is not set; there is nothing to recover")
+        epoch = int(hold["epoch"])
+        recovered_at = await conn.fetchval(q["recovery_execution_recovered"], epoch, reference)
+        if recovered_at is None:
+            # Only restore-hold opens a recovery record; a hold set any other way has none
+            # to attest to, and a new restore-hold is the way forward.
+            raise _hold_required("the execution hold has no recovery record; issue restore-hold")
+        await _log(conn, q, "complete-execution-recovery", reference)
+    return {
+        "holds": _holds(True, bool(hold["admission_hold"])),
+        "epoch": epoch,
+        "executionRecoveredAt": timestamp(recovered_at),
+    }
+
+
+async def release_restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
+    """Lift the execution hold once every snapshotted step is decided and recovery attested."""
+    q = env.store.queries
+    async with transaction(env.store) as conn:
+        hold = await _lock_holds(conn, q)
+        if not hold["execution_hold"]:
+            raise _hold_required("the execution hold is not set")
+        epoch = int(hold["epoch"])
+        unresolved = int(await conn.fetchval(q["recovery_snapshot_unresolved"], epoch))
+        if unresolved:
+            raise CoordinatorError(
+                "restore.unresolved",
+                f"{unresolved} snapshotted step(s) are still uncertain; reconcile, cancel or "
+                "leave each for retry-same before releasing",
+            )
+        record = await conn.fetchrow(q["recovery_record_read"], epoch)
+        if record is None or record["execution_recovered_at"] is None:
+            raise CoordinatorError(
+                "restore.review-required",
+                "complete-execution-recovery has not been recorded for this hold",
+            )
+        await conn.execute(q["recovery_execution_release"], epoch, reason)
+        await _log(conn, q, "release-restore-hold", reason)
+    return {"holds": _holds(False, bool(hold["admission_hold"])), "epoch": epoch}
+
+
+async def release_admission_hold(env: RecoveryEnv, reference: str) -> dict[str, Any]:
+    """Lift the admission hold, which only follows the execution hold's release."""
+    q = env.store.queries
+    async with transaction(env.store) as conn:
+        hold = await _lock_holds(conn, q)
+        if hold["execution_hold"]:
+            raise _hold_required("release-restore-hold must lift the execution hold first")
+        await conn.execute(q["recovery_admission_release"], reference)
+        await _log(conn, q, "release-admission-hold", reference)
+    return {"holds": _holds(False, False), "epoch": int(hold["epoch"])}

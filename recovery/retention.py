@@ -1,0 +1,31 @@
+"""Retention (CONTRACT §11): erase the payloads of runs that ended long enough ago.
+
+One ``retain`` is one transaction and one statement (``recovery_retain``): it picks up to
+``limit`` ended, not yet erased runs without an uncertain step, oldest ended first, skipping
+runs another transaction holds; tombstones each run's start identity and command keys;
+deletes the start identity row and every payload row of the run; and stamps ``erased_at``.
+The run rows stay with their ids, states, outcomes, failures and timings, so status and
+inspection still answer. Afterwards admission refuses a start with a spent identity
+(``run.payload-erased``), and no command key is ever handed out again.
+
+Erasure deletes the ciphertext rows; nothing is merely flagged. The operator action is
+logged without a reason, since retain takes none.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from core.payloads import transaction
+from recovery.env import RecoveryEnv
+
+
+async def retain(env: RecoveryEnv, before: datetime, limit: int) -> dict[str, Any]:
+    """Erase up to ``limit`` runs that ended before ``before``; answers their ids."""
+    q = env.store.queries
+    async with transaction(env.store) as conn:
+        rows = await conn.fetch(q["recovery_retain"], before, limit)
+        await conn.execute(q["recovery_operator_log"], None, "retain", None)
+    run_ids = [str(row["id"]) for row in rows]
+    return {"erased": len(run_ids), "runIds": run_ids}

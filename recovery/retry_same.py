@@ -1,0 +1,171 @@
+"""retry-same: send a held call's stored command again under its original key
+(CONTRACT §10.2).
+
+Recovery never sends a command itself. It makes the step ``ready`` again with its stored
+command and command key, and the dispatcher of an ordinary instance sends exactly that
+command under the same ``Idempotency-Key`` (as it does for any ready step with a stored
+command) and classifies the answer as it classifies every answer. A step a restore-hold
+found leased before its command was prepared has none stored; the dispatcher maps it as it
+maps any first attempt, and sends it under the same key, derived from the run and step. The
+order of things:
+
+1. Look (read-only), refusing in this order: the run is missing, erased or depends on
+   changed connection settings; this is a ``--recovery-only`` instance, which sends nothing
+   (``retry.refused``); the execution hold is set (``execution.held``); the run has ended;
+   it has no uncertain or not-sent call; a cancel abandoned that call; the product's
+   idempotency window since the first attempt is over; the step's deadline has passed.
+2. In one transaction — the hold row share-locked so that a restore-hold waits for it and
+   then snapshots the ready step, then the step and the run locked — check nothing moved
+   meanwhile, make the step ready and due now, the run running (held while another call is
+   uncertain), mark the step's snapshot rows ``retry`` and log the action.
+3. After the commit, wait a bounded time for the dispatcher's verdict and answer it:
+   ``accepted``, ``refused``, ``uncertain`` (held again), ``retrying`` (a retryable answer;
+   due again later), ``failed`` (deadline or mapping-invalid), ``cancelled`` (a cancel came
+   in meanwhile and the dispatcher abandoned the step), or ``pending`` when no verdict came
+   within the wait (the resend still happens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Final
+
+import asyncpg
+
+from core.errors import CoordinatorError
+from core.workflow.catalogue import DAY, connection_type
+from recovery.env import RecoveryEnv
+from recovery.targets import (
+    RESENDABLE,
+    HeldCall,
+    abandoned,
+    answer,
+    held_call,
+    in_transaction,
+    log_action,
+    looking,
+    read_action_run,
+    read_held_step,
+    resolve_snapshot,
+)
+
+WAIT_SECONDS: Final = 10.0
+"""How long retry-same waits for the dispatcher's verdict before answering ``pending``."""
+POLL_SECONDS: Final = 0.05
+_POLLS: Final = int(WAIT_SECONDS / POLL_SECONDS)
+
+# The step states that are the dispatcher's verdict on the resent command.
+_VERDICTS: Final = {
+    "completed": "accepted",
+    "refused": "refused",
+    "uncertain": "uncertain",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+def _refused(detail: str) -> CoordinatorError:
+    return CoordinatorError("retry.refused", detail)
+
+
+def _window(seconds: int) -> str:
+    if seconds % DAY == 0 and seconds >= 2 * DAY:
+        return f"{seconds // DAY} days"
+    return f"{seconds // 3600} h"
+
+
+def _check_window(call: HeldCall, now_elapsed: float) -> None:
+    window = call.operation.retry_same_seconds
+    if now_elapsed > window:
+        kind = connection_type(call.connection_type)
+        product = kind.product if kind is not None else call.connection_type
+        raise _refused(
+            f"{product} keeps idempotency keys for {_window(window)} after the first attempt, "
+            "and that time has passed; resending now could act twice"
+        )
+
+
+async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:
+    """Make the run's held call due again with its stored command; see the module docstring."""
+    queries = env.store.queries
+    async with looking(env) as conn:
+        run = await read_action_run(conn, env, run_id, refuse_erased=True)
+        if env.recovery_only:
+            raise _refused(
+                "this instance runs --recovery-only and sends nothing; use the ordinary service"
+            )
+        if run.execution_hold:
+            raise CoordinatorError(
+                "execution.held", "the restore hold stops execution; nothing can be resent"
+            )
+        if run.ended:
+            raise _refused("the run has ended")
+        step = await read_held_step(conn, env, run_id, RESENDABLE)
+        if step is None:
+            raise _refused("no held call to resend")
+        if abandoned(run.cancelling, run.cancel_seq, step.seq):
+            raise _refused("the run is being cancelled; its held call is no longer wanted")
+        call = await held_call(conn, env, run, step)
+    # Without a recorded first attempt (a step a restore-hold found leased but not prepared)
+    # the step's start is the earliest the command can have gone out: counting from there
+    # errs on the side of refusing.
+    first_attempt = step.first_attempt_at or step.started_at
+    _check_window(call, (run.now - first_attempt).total_seconds())
+    if step.deadline_at is not None and run.now >= step.deadline_at:
+        raise _refused("the step's deadline passed")
+
+    async def make_ready(conn: asyncpg.Connection) -> int:
+        if await conn.fetchval(queries["recovery_hold_share"]):
+            raise CoordinatorError(
+                "execution.held", "the restore hold stops execution; nothing can be resent"
+            )
+        locked = await conn.fetchrow(queries["recovery_step_lock"], run_id, step.step_id)
+        if not step.unchanged(locked):
+            raise _refused("the step changed meanwhile; look again")
+        run_row = await conn.fetchrow(queries["recovery_run_lock"], run_id)
+        assert run_row is not None  # run rows are never deleted
+        if run_row["ended"]:
+            raise _refused("the run has ended")
+        if abandoned(bool(run_row["cancelling"]), run_row["cancel_seq"], step.seq):
+            raise _refused("the run is being cancelled; its held call is no longer wanted")
+        attempts = await conn.fetchval(queries["recovery_step_retry_same"], run_id, step.step_id)
+        await conn.execute(queries["recovery_run_continue"], run_id)
+        await resolve_snapshot(conn, env, run_id, step.step_id, "retry", overwrite=True)
+        await log_action(conn, env, run_id, "retry-same", reason)
+        return int(attempts)
+
+    attempts = await in_transaction(env, make_ready)
+    result = await _verdict(env, run_id, step.step_id, attempts)
+    async with env.store.connection() as conn:
+        return await answer(conn, env, run_id, result)
+
+
+def _judge(row: asyncpg.Record | None, attempts: int) -> str | None:
+    """The dispatcher's verdict on the resend from the step row, or ``None`` while pending."""
+    if row is None:
+        return None
+    state = str(row["state"])
+    verdict = _VERDICTS.get(state)
+    if verdict is not None:
+        return verdict
+    if state == "ready" and int(row["attempts"]) > attempts:
+        # Sent, answered "not processed, try later": due again after a backoff.
+        return "retrying"
+    return None
+
+
+async def _verdict(env: RecoveryEnv, run_id: str, step_id: str, attempts: int) -> str:
+    """Poll the step until the dispatcher has answered, at most :data:`WAIT_SECONDS`."""
+    sleep = env.sleep or asyncio.sleep
+    ends = time.monotonic() + WAIT_SECONDS
+    for _ in range(_POLLS):
+        await sleep(POLL_SECONDS)
+        async with env.store.connection() as conn:
+            row = await conn.fetchrow(env.store.queries["recovery_step_poll"], run_id, step_id)
+        verdict = _judge(row, attempts)
+        if verdict is not None:
+            return verdict
+        if time.monotonic() >= ends:
+            break
+    return "pending"
