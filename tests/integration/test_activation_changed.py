@@ -42,9 +42,7 @@ async def both(env: Served) -> AsyncIterator[tuple[pb_grpc.RecoveryStub, pb_grpc
     ]
     try:
         waiters = [asyncio.create_task(event.wait()) for event in started]
-        done, _ = await asyncio.wait(
-            {*tasks, *waiters}, timeout=30, return_when="FIRST_EXCEPTION"
-        )
+        done, _ = await asyncio.wait({*tasks, *waiters}, timeout=30, return_when="FIRST_EXCEPTION")
         for task in tasks:
             if task in done:
                 task.result()  # a component ended early: show why
