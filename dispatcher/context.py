@@ -65,6 +65,8 @@ class Claimed:
     command_payload_id: int | None
     command_key: str | None
     past_deadline: bool
+    lease_epoch: int | None = None
+    """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Claimed:
@@ -80,6 +82,7 @@ class Claimed:
             command_payload_id=None if payload_id is None else int(payload_id),
             command_key=None if row["command_key"] is None else str(row["command_key"]),
             past_deadline=bool(row["past_deadline"]),
+            lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
         )
 
 
@@ -91,8 +94,18 @@ class RunView:
     workflow: Workflow
     created_at: datetime
     cancelling: bool
+    cancel_seq: int | None
+    """The seq the run's onCancel path starts at, while it is being cancelled with one."""
     scope: Scope
     """What expressions can read: input, kept step values, run id and start instant."""
+
+    def abandons(self, seq: int) -> bool:
+        """Whether a cancel abandoned the step numbered ``seq``, as read with the run.
+
+        A hint for skipping work early; the step's locked transaction decides
+        (``Tx.abandoned``), since a cancel may commit after this run was read.
+        """
+        return self.cancelling and (self.cancel_seq is None or seq < self.cancel_seq)
 
 
 async def load_run(
@@ -122,5 +135,6 @@ async def load_run(
         workflow=workflow,
         created_at=created_at,
         cancelling=bool(row["cancelling"]),
+        cancel_seq=None if row["cancel_seq"] is None else int(row["cancel_seq"]),
         scope=scope,
     )

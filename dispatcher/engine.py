@@ -5,6 +5,11 @@ steps as there are free slots (at most ``concurrency`` in flight), start one tas
 then sleep until notified (``LISTEN``), until a task finishes, or until the next due instant
 the database reported — whichever comes first.
 
+A step of a run being cancelled that the cancel abandoned (see :mod:`dispatcher.settle`)
+and that comes to be claimed anyway — recovery ends the unleased ones itself, so only a
+claim racing the cancel gets here — is ended ``cancelled`` before its executor runs:
+nothing is sent, read or decided for it.
+
 Stopping (the task is cancelled; the launcher does that on SIGTERM): claim nothing more;
 steps that have sent nothing are given back at once (a prepared but unsent command becomes
 ready again); steps whose command is out get ``shutdown_budget_seconds`` to be answered and
@@ -31,7 +36,7 @@ from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, W
 from dispatcher.claim import Claimer, Listener
 from dispatcher.context import Claimed, DispatchSettings, WorkflowCache, load_run, transaction
 from dispatcher.metrics import DispatchMetrics
-from dispatcher.settle import Settler
+from dispatcher.settle import Settler, Tx
 from dispatcher.steps import call, choose, finish, wait_for, wait_until
 from dispatcher.steps.base import WORKING, Flight, StepEnv
 
@@ -48,6 +53,13 @@ GIVE_BACK_SECONDS = 2.0
 def product_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     """The HTTP client for products and the issuer (explicit connect/read/write timeouts)."""
     return httpx.AsyncClient(timeout=PRODUCT_TIMEOUT, transport=transport, follow_redirects=False)
+
+
+async def _cancel_abandoned(tx: Tx) -> bool:
+    if not tx.abandoned:
+        return False
+    await tx.cancel()
+    return True
 
 
 class Dispatcher:
@@ -239,6 +251,11 @@ class Dispatcher:
         if run is None:
             await self.settler.release(claimed)
             return
+        if run.abandons(claimed.seq) and claimed.state != "prepared":
+            # (A prepared command may have left: the call executor makes it uncertain.)
+            settled, cancelled = await self.settler.settle(claimed, _cancel_abandoned)
+            if not settled or cancelled:
+                return
         step = run.workflow.step(claimed.step_id)
         env = self.env
         if isinstance(step, CallStep):

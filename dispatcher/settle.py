@@ -1,12 +1,20 @@
 """Writing what happened to a step, each outcome in one transaction with what follows it.
 
 An executor opens :meth:`Settler.locked` for its claimed step: a transaction that first
-locks the step row, and only while this dispatcher still holds its lease in the current
-hold epoch. Inside, :class:`Tx` records the outcome — kept payloads, the step's end, the
-run's new state and the next step made due — so that a crash leaves either all of it or
-none of it (CONTRACT §9.3: an outcome is committed before the next step is due). A lost
-lease (another dispatcher found it expired, or a restore-hold raised the epoch) yields no
-``Tx``: the step is no longer ours to move.
+locks the step row (and its run's), and only while this dispatcher still holds its lease in
+the current hold epoch. Inside, :class:`Tx` records the outcome — kept payloads, the step's
+end, the run's new state and the next step made due — so that a crash leaves either all of
+it or none of it (CONTRACT §9.3: an outcome is committed before the next step is due). A
+lost lease (another dispatcher found it expired, or a restore-hold raised the epoch) yields
+no ``Tx``: the step is no longer ours to move, and one line in the log says which of the two
+it was (``restore.lease-incompatible`` for the epoch).
+
+A step abandoned by a cancel (``Tx.abandoned``: the run is cancelling and the step comes
+before its onCancel path, or there is no such path) still gets its own outcome — an
+accepted effect is kept, a refusal or an uncertain answer recorded — but :class:`Tx` never
+makes another step due after it and never schedules it again: a retry or a wait ends it
+``cancelled``. When the cancel has no onCancel path and the run is left with no live step,
+the same transaction ends the run ``cancelled``.
 """
 
 from __future__ import annotations
@@ -74,6 +82,10 @@ class Tx:
         self.deadline_at: datetime | None = row["deadline_at"]
         self.timeout_at: datetime | None = row["timeout_at"]
         self.cancelling = bool(row["cancelling"])
+        self.cancel_seq: int | None = row["cancel_seq"]
+        self.abandoned = bool(row["abandoned"])
+        """A cancel abandoned this step: record its outcome, continue nowhere."""
+        self.execution_held = bool(row["execution_hold"])
         self.run_ended = bool(row["run_ended"])
 
     async def keep(self, purpose: str, value: Any) -> int:
@@ -83,7 +95,7 @@ class Tx:
         )
 
     async def end_step(self, state: str, effect: str | None = None) -> None:
-        """End this step in ``state`` (completed, refused, failed)."""
+        """End this step in ``state`` (completed, refused, failed, cancelled)."""
         await self.conn.execute(
             self._queries["dispatcher_step_end"],
             self.claimed.run_id,
@@ -91,10 +103,37 @@ class Tx:
             state,
             effect,
         )
+        await self._after_abandoned()
+
+    async def cancel(self) -> None:
+        """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
+        await self.end_step("cancelled")
+
+    async def _after_abandoned(self) -> None:
+        """End a run cancelled without an onCancel path once no step of it is live."""
+        if not self.abandoned or self.cancel_seq is not None or self.run_ended:
+            return
+        live = await self.conn.fetchval(
+            self._queries["dispatcher_run_live_steps"], self.claimed.run_id, self.claimed.step_id
+        )
+        if live:
+            return
+        await self.conn.fetchrow(
+            self._queries["dispatcher_run_end"],
+            self.claimed.run_id,
+            "cancelled",
+            None,
+            None,
+            None,
+            None,
+        )
+        self.run_ended = True
 
     async def next_step(self, workflow: Workflow, step_id: str) -> None:
         """Make ``step_id`` the run's next step, due now, and the run running."""
-        if self.run_ended:
+        if self.run_ended or self.abandoned:
+            # An ended run goes nowhere; a cancelled one continues, if at all, on its
+            # onCancel path, which recovery already made due.
             return
         kind = step_kind(workflow.step(step_id))
         await self.conn.fetchrow(
@@ -129,8 +168,14 @@ class Tx:
         outcome: str | None = None,
         failure: Failure | None = None,
     ) -> None:
-        """End this step and the run (succeeded with ``outcome`` or failed with ``failure``)."""
+        """End this step and the run (succeeded with ``outcome`` or failed with ``failure``).
+
+        An abandoned step ends alone: its run ends on its onCancel path, or — without one —
+        cancelled once nothing else of it is live.
+        """
         await self.end_step(step_state, effect)
+        if self.abandoned:
+            return
         await self.conn.fetchrow(
             self._queries["dispatcher_run_end"],
             self.claimed.run_id,
@@ -147,9 +192,17 @@ class Tx:
             self._queries["dispatcher_step_uncertain"], self.claimed.run_id, self.claimed.step_id
         )
         await self.conn.execute(self._queries["dispatcher_run_hold"], self.claimed.run_id)
+        # The run keeps its attention (the step stays unknown), even once it is cancelled.
+        await self._after_abandoned()
 
     async def retry(self, delay: float) -> bool:
-        """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline."""
+        """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
+
+        An abandoned step is never tried again: it ends cancelled (True: nothing more to do).
+        """
+        if self.abandoned:
+            await self.cancel()
+            return True
         if self.deadline_at is not None and (self.deadline_at - self.now).total_seconds() <= delay:
             return False
         await self.conn.fetchrow(
@@ -158,7 +211,13 @@ class Tx:
         return True
 
     async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:
-        """The step waits until ``due_at`` (or an outside event); the run is waiting."""
+        """The step waits until ``due_at`` (or an outside event); the run is waiting.
+
+        An abandoned step does not wait for anything: it ends cancelled.
+        """
+        if self.abandoned:
+            await self.cancel()
+            return
         await self.conn.execute(
             self._queries["dispatcher_step_wait"],
             self.claimed.run_id,
@@ -171,7 +230,7 @@ class Tx:
         )
 
 
-class _LeaseLost(Exception):
+class _NotPrepared(Exception):
     pass
 
 
@@ -218,7 +277,30 @@ class Settler:
                 claimed.step_id,
                 self.owner,
             )
-            yield None if row is None else Tx(conn, self, claimed, row)
+            if row is None:
+                await self._report_lost(conn, claimed)
+                yield None
+            else:
+                yield Tx(conn, self, claimed, row)
+
+    async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
+        """Say in one line why a lease could not be used; nothing is written either way."""
+        epoch = await conn.fetchval(self.store.queries["dispatcher_hold_epoch"])
+        if claimed.lease_epoch is not None and epoch != claimed.lease_epoch:
+            # A restore-hold raised the epoch: whatever this execution learnt belongs to
+            # before the hold, and the operator's review of the snapshot decides the step.
+            log.warning(
+                "restore.lease-incompatible: step %s of run %s was leased before the current "
+                "restore hold; nothing is recorded for it",
+                claimed.step_id,
+                claimed.run_id,
+            )
+        else:
+            log.warning(
+                "step %s of run %s: the lease was lost; nothing is recorded for it",
+                claimed.step_id,
+                claimed.run_id,
+            )
 
     async def settle(
         self, claimed: Claimed, action: Callable[[Tx], Awaitable[T]]
@@ -256,18 +338,29 @@ class Settler:
     ) -> Prepared | None:
         """Commit the command (sealed) and its key as prepared, before it is sent.
 
-        Reuses the stored command when a retry already has one. ``None`` when the lease was
-        lost or the execution hold was set meanwhile: nothing may be sent then.
+        Reuses the stored command when a retry already has one. ``None`` when nothing may
+        be sent, with what that calls for already written: the lease was lost (nothing
+        written), the execution hold is set (the step is given back, ready), or a cancel
+        abandoned the step (it ends cancelled, in the same locked transaction that would
+        have prepared it — so a cancel committed first stops the command, and one committed
+        later finds the step prepared and leased, and leaves it to be settled).
         """
         queries = self.store.queries
         try:
-            async with transaction(self.store) as conn:
+            async with self.locked(claimed) as tx:
+                if tx is None:
+                    return None
+                if tx.abandoned:
+                    await tx.cancel()
+                    return None
+                if tx.execution_held:
+                    raise _NotPrepared
                 payload_id = command_payload_id
                 if payload_id is None:
                     payload_id = await self.insert_payload(
-                        conn, claimed.run_id, claimed.step_id, "command", command
+                        tx.conn, claimed.run_id, claimed.step_id, "command", command
                     )
-                row = await conn.fetchrow(
+                row = await tx.conn.fetchrow(
                     queries["dispatcher_command_prepare"],
                     claimed.run_id,
                     claimed.step_id,
@@ -277,8 +370,10 @@ class Settler:
                     deadline_seconds,
                 )
                 if row is None:
-                    raise _LeaseLost
-        except _LeaseLost:
+                    raise _NotPrepared
+        except _NotPrepared:
+            # Rolled back, the sealed command included; the step is ours, so give it back.
+            await self.unprepare(claimed)
             return None
         return Prepared(
             attempts=int(row["attempts"]),

@@ -17,7 +17,14 @@ The order is the whole point:
    else → uncertain: effect unknown, the run held for an operator, never resent here.
 
 A retry finds the command already stored and sends exactly those bytes' worth of meaning
-again under the same key; it never maps anew.
+again under the same key; it never maps anew. So does an operator's retry-same, which makes
+an uncertain (or not-sent) step ready again with its command and key kept: its effect stays
+``unknown`` until an answer settles it (accepted sets it, uncertain keeps it).
+
+A cancel that committed before step 3 stops the command there (the step ends cancelled in
+the transaction that would have prepared it). An answer that arrives after a cancel is still
+the step's own outcome and is recorded as above, but leads nowhere: no next step, no
+``onRefused``, no retry (see :mod:`dispatcher.settle`).
 """
 
 from __future__ import annotations
@@ -179,9 +186,8 @@ async def execute(
         deadline_seconds=step.deadline_seconds,
     )
     if prepared is None:
-        # The lease was lost or execution is held: send nothing, and let go of the lease
-        # if it is still ours (a no-op otherwise).
-        await env.settler.unprepare(claimed)
+        # Lost lease, execution hold or cancel: send nothing (the settler wrote what
+        # each of those calls for).
         return
     if env.stopping():
         await env.settler.unprepare(claimed)
@@ -237,6 +243,7 @@ async def _record(
         await tx.advance(run.workflow, step.next, effect="accepted")
 
     async def retryable(tx: Tx) -> None:
+        # (An abandoned step is not retried: tx.retry ends it cancelled.)
         delay = retry_delay(
             attempts,
             first=env.settings.retry_first_seconds,
@@ -260,11 +267,6 @@ async def _record(
     action = {ACCEPTED: accepted, RETRYABLE: retryable, REFUSED: refused}.get(
         result.result, uncertain
     )
-    done, _ = await env.settler.settle(claimed, action)
-    if not done:
-        log.warning(
-            "call %s of run %s: the lease was lost before its %s answer was recorded",
-            step.id,
-            run.id,
-            result.result,
-        )
+    # A lost lease is logged by the settler, in one line that says whether a restore-hold
+    # took it.
+    await env.settler.settle(claimed, action)

@@ -1,4 +1,7 @@
-"""``choose``: continue at the first branch whose predicate holds, else at ``otherwise``."""
+"""``choose``: continue at the first branch whose predicate holds, else at ``otherwise``.
+
+A choice on a step a cancel abandoned decides nothing: the step ends cancelled.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ async def execute(
     target = pick(step, run)
 
     async def advance(tx: Tx) -> None:
+        if tx.abandoned:
+            await tx.cancel()
+            return
         await tx.advance(run.workflow, target)
 
     await env.settler.settle(claimed, advance)

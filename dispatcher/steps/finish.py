@@ -1,4 +1,9 @@
-"""``finish``: the run ends with one of its declared outcomes."""
+"""``finish``: the run ends with one of its declared outcomes.
+
+A finish a cancel abandoned never runs: its outcome was not reached, so the step ends
+cancelled (and the run with it when the cancel has no onCancel path). A finish on the
+onCancel path ends the run cancelled with its outcome.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ async def execute(
     """End the run (succeeded; cancelled when a cancel path led here) with the outcome."""
 
     async def finish(tx: Tx) -> None:
+        if tx.abandoned:
+            await tx.cancel()
+            return
         await tx.end_run(step_state="completed", run_state="succeeded", outcome=step.outcome)
 
     await env.settler.settle(claimed, finish)

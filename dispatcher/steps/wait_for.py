@@ -33,6 +33,11 @@ mean:
   ``attention: true`` and a warning is logged, so an operator can fix the product's policy
   (the next answered read clears the mark) or cancel the run. Failing the run instead would
   throw away a review that may well be decided once the policy is repaired.
+
+A cancel ends an unleased wait itself. A wait it finds leased (a read on its way) ends
+cancelled when the dispatcher next records anything for it — before the read, or with the
+read's answer, whatever that answer is: a decision that arrives for an abandoned wait is
+not kept and leads nowhere.
 """
 
 from __future__ import annotations
@@ -221,6 +226,9 @@ async def execute(
         failure = target
 
         async def fail(tx: Tx) -> None:
+            if tx.abandoned:
+                await tx.cancel()
+                return
             await tx.end_run(step_state="failed", run_state="failed", failure=failure)
 
         await env.settler.settle(claimed, fail)
@@ -230,7 +238,10 @@ async def execute(
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
     entering = claimed.state == "ready"
 
-    async def plan(tx: Tx) -> None:
+    async def plan(tx: Tx) -> bool:
+        if tx.abandoned:
+            await tx.cancel()
+            return False
         timeout_at = None
         if step.timeout_seconds is not None and step.on_timeout is not None:
             timeout_at = tx.now + timedelta(seconds=step.timeout_seconds)
@@ -239,8 +250,9 @@ async def execute(
         )
         if entering:
             await tx.conn.execute(queries["dispatcher_run_progress"], run.id, "waiting")
+        return True
 
-    planned, _ = await env.settler.settle(claimed, plan)
+    _, planned = await env.settler.settle(claimed, plan)
     if not planned:
         return
     if env.stopping():
@@ -260,6 +272,9 @@ async def execute(
         log.info("wait %s of run %s: the read failed (%s)", step.id, run.id, read.reason)
 
     async def record(tx: Tx) -> None:
+        if tx.abandoned:
+            await tx.cancel()
+            return
         if read.kind == DECIDED and read.result is not None:
             await tx.conn.execute(queries["waits_last_check"], run.id, step.id)
             await tx.keep("wait-result", dict(read.result))
@@ -276,8 +291,5 @@ async def execute(
         if read.kind in (REFUSED, PENDING):
             await tx.conn.fetchrow(queries["waits_run_attention"], run.id, read.kind == REFUSED)
 
-    done, _ = await env.settler.settle(claimed, record)
-    if not done:
-        log.warning(
-            "wait %s of run %s: the lease was lost before the read was recorded", step.id, run.id
-        )
+    # A lost lease is logged by the settler.
+    await env.settler.settle(claimed, record)

@@ -4,6 +4,8 @@ The first time the step is worked on it stores its due instant — ``at`` evalua
 ``afterSeconds`` from the database's now — and the run waits; an instant already past
 continues at once. When the instant comes the claim loop finds the step due (it sleeps
 until the earliest due instant it read) and the run continues at ``next``.
+
+A timer on a step a cancel abandoned is not kept: the step ends cancelled.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ async def execute(
     at = instant_of(step, run)
 
     async def act(tx: Tx) -> None:
+        if tx.abandoned:
+            await tx.cancel()
+            return
         if claimed.state == "waiting":
             # Claimed because the stored instant has come.
             await tx.advance(run.workflow, step.next)

@@ -5,12 +5,20 @@
 -- those that record an outcome also name the hold epoch the lease was taken in: a lease
 -- taken before a restore-hold can no longer move its step (CONTRACT §10.5). All time comes
 -- from {{ns}}.now(), so tests move a fake clock instead of waiting.
+--
+-- A cancel (recovery's) marks the run cancelling and, when the workflow has an onCancel
+-- path, records the seq of the step that path starts at in run.cancel_seq. Every step
+-- before that seq (all of them, without such a path) is abandoned: the dispatcher still
+-- records what its product answered, but it never makes another step due after it and
+-- never sends its command again. dispatcher_step_lock answers whether the locked step is
+-- abandoned, so that rule is written once.
 
 -- name: dispatcher_claim
 -- Lease up to $2 (integer) due, unclaimed steps of runs that have not ended to owner $1
 -- (text) for $3 (float8) seconds, oldest due first, skipping rows another dispatcher is
 -- claiming. Claims nothing while the execution hold is set. The lease records the current
--- hold epoch. past_deadline tells a call step retried after its deadline.
+-- hold epoch, answered as lease_epoch so that a settle refused later can tell a restore-hold
+-- from an ordinary lost lease. past_deadline tells a call step retried after its deadline.
 WITH h AS (
     SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
 ), due AS (
@@ -34,14 +42,16 @@ UPDATE {{ns}}.step s
   FROM due
  WHERE s.run_id = due.run_id AND s.step_id = due.step_id
 RETURNING s.run_id, s.step_id, s.seq, s.step_type, s.state, s.attempts,
-          s.command_payload_id, s.command_key,
+          s.command_payload_id, s.command_key, s.lease_epoch,
           coalesce(s.deadline_at <= {{ns}}.now(), false) AS past_deadline;
 
 -- name: dispatcher_expire_leases
 -- Find up to $1 (integer) leases that expired. A step whose command was prepared (and so
 -- may have been sent by the holder that vanished) becomes uncertain with an unknown effect
 -- and holds its run for an operator; any other step simply loses the lease and is due
--- again. Answers how many leases were released and how many steps became uncertain.
+-- again. A run cancelled without an onCancel path that is left with nothing live by this
+-- ends cancelled instead of held (keeping the attention), as a settle would have ended it.
+-- Answers how many leases were released and how many steps became uncertain.
 WITH expired AS (
     SELECT run_id, step_id, state = 'prepared' AS abandoned
       FROM {{ns}}.step
@@ -58,10 +68,27 @@ WITH expired AS (
            updated_at = {{ns}}.now()
       FROM expired e
      WHERE s.run_id = e.run_id AND s.step_id = e.step_id
-    RETURNING s.run_id, e.abandoned
+    RETURNING s.run_id, s.step_id, e.abandoned
+), closed AS (
+    -- Read in the statement's snapshot, where the steps released here still hold their
+    -- leases: those becoming uncertain are not counted as live, the others (due again) are.
+    SELECT r.id
+      FROM {{ns}}.run r
+     WHERE r.id IN (SELECT run_id FROM released WHERE abandoned)
+       AND r.cancelling AND r.cancel_seq IS NULL
+       AND NOT EXISTS (
+               SELECT 1 FROM {{ns}}.step s
+                WHERE s.run_id = r.id
+                  AND (s.state IN ('ready', 'prepared', 'waiting') OR s.lease_owner IS NOT NULL)
+                  AND NOT EXISTS (SELECT 1 FROM released x
+                                   WHERE x.run_id = s.run_id AND x.step_id = s.step_id
+                                     AND x.abandoned)
+           )
 ), held AS (
     UPDATE {{ns}}.run r
-       SET state = 'held', attention = true, updated_at = {{ns}}.now()
+       SET state = CASE WHEN r.id IN (SELECT id FROM closed) THEN 'cancelled' ELSE 'held' END,
+           ended_at = CASE WHEN r.id IN (SELECT id FROM closed) THEN {{ns}}.now() END,
+           attention = true, updated_at = {{ns}}.now()
       FROM released
      WHERE r.id = released.run_id AND released.abandoned AND r.ended_at IS NULL
     RETURNING r.id
@@ -98,20 +125,33 @@ UPDATE {{ns}}.step
 RETURNING lease_expires_at;
 
 -- name: dispatcher_step_lock
--- Lock step $2 (text) of run $1 (text) for settling, only while owner $3 (text) holds the
--- lease and the lease's hold epoch is the current one. No row means the lease was lost.
--- Answers the namespace's clock too, so decisions about time use the database's now.
-SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling,
-       r.ended_at IS NOT NULL AS run_ended, {{ns}}.now() AS now
+-- Lock step $2 (text) of run $1 (text) for settling or preparing, only while owner $3
+-- (text) holds the lease and the lease's hold epoch is the current one. No row means the
+-- lease was lost. The run row is locked too: a cancel (which locks the run first) either
+-- committed before, and this transaction sees the run cancelling, or waits until this
+-- outcome — and the next step it may make due — is committed, and then finds that step.
+-- Answers whether the step is abandoned by a cancel (see the header), whether the
+-- execution hold is set, and the namespace's clock, so decisions about time use the
+-- database's now.
+SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.cancel_seq,
+       r.cancelling AND (r.cancel_seq IS NULL OR s.seq < r.cancel_seq) AS abandoned,
+       r.ended_at IS NOT NULL AS run_ended, h.execution_hold, {{ns}}.now() AS now
   FROM {{ns}}.step s
   JOIN {{ns}}.run r ON r.id = s.run_id
+  JOIN {{ns}}.hold h ON h.epoch = s.lease_epoch
  WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3
-   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold)
-   FOR UPDATE OF s;
+   FOR UPDATE OF s
+   FOR NO KEY UPDATE OF r;
+
+-- name: dispatcher_hold_epoch
+-- The current hold epoch: compared with a lost lease's epoch, it tells whether a
+-- restore-hold (which raises it) took the lease away.
+SELECT epoch FROM {{ns}}.hold;
 
 -- name: dispatcher_run_read
--- The run $1 (text) as the dispatcher needs it: its package and when it was created.
-SELECT id, workflow_id, package_digest, state, cancelling, created_at,
+-- The run $1 (text) as the dispatcher needs it: its package, when it was created, and
+-- whether (and from which seq on) it is being cancelled.
+SELECT id, workflow_id, package_digest, state, cancelling, cancel_seq, created_at,
        ended_at IS NOT NULL AS ended
   FROM {{ns}}.run
  WHERE id = $1;
@@ -145,11 +185,12 @@ SELECT connection, connection_type, base_url, client_id, issuer, scopes, audienc
  WHERE run_id = $1 AND connection = $2;
 
 -- name: dispatcher_command_prepare
--- Commit the prepared command of call step $2 (text) of run $1 (text) before it is sent:
--- owner $3 (text) must hold the lease in the current hold epoch with the execution hold
--- off. $4 command payload id (bigint), $5 command key (text), $6 deadlineSeconds (integer;
--- counted from the first attempt, which this may be). Counts the attempt. Answers whether
--- this is the run's first command and how long ago the run was admitted.
+-- Commit the prepared command of call step $2 (text) of run $1 (text), locked by
+-- dispatcher_step_lock and not abandoned, before it is sent: owner $3 (text) must hold the
+-- lease in the current hold epoch with the execution hold off. $4 command payload id
+-- (bigint), $5 command key (text), $6 deadlineSeconds (integer; counted from the first
+-- attempt, which this may be). Counts the attempt. Answers whether this is the run's first
+-- command and how long ago the run was admitted.
 WITH before AS (
     SELECT NOT EXISTS (
                SELECT 1 FROM {{ns}}.step
@@ -191,7 +232,9 @@ RETURNING state;
 -- name: dispatcher_step_release
 -- Owner $3 (text) gives up its lease on step $2 (text) of run $1 (text) without knowing
 -- the outcome, due again no sooner than $4 (float8) seconds from now. A prepared step
--- may have been sent, so it becomes uncertain and holds its run instead.
+-- may have been sent, so it becomes uncertain and holds its run instead — or, when the run
+-- is cancelled without an onCancel path and nothing else of it is live, ends the run
+-- cancelled (keeping the attention), as a settle would have.
 WITH released AS (
     UPDATE {{ns}}.step
        SET state = CASE WHEN state = 'prepared' THEN 'uncertain' ELSE state END,
@@ -205,10 +248,23 @@ WITH released AS (
            updated_at = {{ns}}.now()
      WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
     RETURNING run_id, state
+), closing AS (
+    -- In the statement's snapshot the released step is still leased: it is left out.
+    SELECT r.cancelling AND r.cancel_seq IS NULL
+           AND NOT EXISTS (
+                   SELECT 1 FROM {{ns}}.step s
+                    WHERE s.run_id = $1 AND s.step_id <> $2
+                      AND (s.state IN ('ready', 'prepared', 'waiting')
+                           OR s.lease_owner IS NOT NULL)
+               ) AS ends
+      FROM {{ns}}.run r
+     WHERE r.id = $1
 ), held AS (
     UPDATE {{ns}}.run r
-       SET state = 'held', attention = true, updated_at = {{ns}}.now()
-      FROM released
+       SET state = CASE WHEN closing.ends THEN 'cancelled' ELSE 'held' END,
+           ended_at = CASE WHEN closing.ends THEN {{ns}}.now() END,
+           attention = true, updated_at = {{ns}}.now()
+      FROM released, closing
      WHERE r.id = released.run_id AND released.state = 'uncertain' AND r.ended_at IS NULL
     RETURNING r.id
 )
@@ -216,7 +272,8 @@ SELECT state FROM released;
 
 -- name: dispatcher_step_end
 -- End step $2 (text) of run $1 (text), locked by dispatcher_step_lock, in state $3
--- (completed, refused or failed), with effect $4 (text; null keeps the present one).
+-- (completed, refused, failed, or cancelled when a cancel abandoned it), with effect $4
+-- (text; null keeps the present one).
 UPDATE {{ns}}.step
    SET state = $3,
        effect = coalesce($4::text, effect),
@@ -283,9 +340,10 @@ UPDATE {{ns}}.run
  WHERE id = $1 AND ended_at IS NULL;
 
 -- name: dispatcher_run_end
--- End run $1 (text) in state $2 (succeeded or failed) with outcome $3 (text or null) and
--- failure $4 kind, $5 JSON pointer, $6 step (each text or null). A run that is being
--- cancelled ends cancelled instead, keeping the outcome its cancel path reached.
+-- End run $1 (text) in state $2 (succeeded, failed, or cancelled for a cancel without an
+-- onCancel path) with outcome $3 (text or null) and failure $4 kind, $5 JSON pointer, $6
+-- step (each text or null). A run that is being cancelled ends cancelled whatever $2 says,
+-- keeping the outcome its cancel path reached.
 UPDATE {{ns}}.run
    SET state = CASE WHEN cancelling THEN 'cancelled' ELSE $2 END,
        outcome = $3,
@@ -296,3 +354,13 @@ UPDATE {{ns}}.run
        updated_at = {{ns}}.now()
  WHERE id = $1 AND ended_at IS NULL
 RETURNING state;
+
+-- name: dispatcher_run_live_steps
+-- Whether run $1 (text), locked by dispatcher_step_lock, has a live step other than $2
+-- (text): one still to be worked on (ready, prepared, waiting) or held under a lease. An
+-- uncertain step is not live: it waits for an operator, not for a dispatcher.
+SELECT EXISTS (
+           SELECT 1 FROM {{ns}}.step
+            WHERE run_id = $1 AND step_id <> $2
+              AND (state IN ('ready', 'prepared', 'waiting') OR lease_owner IS NOT NULL)
+       ) AS live;
