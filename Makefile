@@ -9,10 +9,11 @@ PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres test quickstart up lint proto bench clean
+.PHONY: help venv postgres test quickstart up lint proto bench clean restore-rehearsal
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
+	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
 	@echo "make lint        ruff and mypy --strict"
 	@echo "make up          (serving lands later) start the local stack until Ctrl-C"
@@ -38,6 +39,9 @@ test: $(STAMP) $(PG_STAMP)
 
 quickstart: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m devstack.quickstart
+
+restore-rehearsal: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m devstack.rehearsal
 
 up: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m devstack.quickstart --serve
