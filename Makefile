@@ -9,14 +9,15 @@ PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres test quickstart up lint proto bench clean restore-rehearsal
+.PHONY: help venv postgres test quickstart up lint proto query-names bench clean restore-rehearsal
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
 	@echo "make lint        ruff and mypy --strict"
-	@echo "make up          (serving lands later) start the local stack until Ctrl-C"
+	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query names"
+	@echo "make up          start the local stack and keep it serving until Ctrl-C"
 	@echo "make bench       benchmarks (not tests)"
 
 # The virtual environment is rebuilt when pyproject.toml changes.
@@ -56,6 +57,10 @@ bench: $(STAMP) $(PG_STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
+
+# core/db/query_names.py (the typed query names) from core/db/queries/*.sql.
+query-names: $(STAMP)
+	$(BIN)/python scripts/gen_query_names.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

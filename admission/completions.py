@@ -16,6 +16,7 @@ import re
 from typing import Final
 
 from core import clock, derive
+from core.codes import Code
 from core.config.model import CASEWORK
 from core.errors import CoordinatorError
 from core.runtime import Runtime, Store
@@ -32,7 +33,7 @@ def check_review_id(review_id: str) -> None:
     """Refuse a ``reviewId`` that is empty, longer than 256 or not visible ASCII."""
     if not _REVIEW_ID.fullmatch(review_id):
         raise CoordinatorError(
-            "request.invalid", "/reviewId: must be 1 to 256 visible ASCII characters"
+            Code.REQUEST_INVALID, "/reviewId: must be 1 to 256 visible ASCII characters"
         )
 
 
@@ -57,13 +58,13 @@ class CompletionWaker:
         """
         if self.runtime.recovery_only:
             raise CoordinatorError(
-                "service.unavailable", "this instance runs in recovery-only mode"
+                Code.SERVICE_UNAVAILABLE, "this instance runs in recovery-only mode"
             )
         settings = self.runtime.config.connections.get(connection)
         if settings is None or settings.type != CASEWORK or settings.completion is None:
             # The gateway matched credentials of a connection this runtime file does not
             # accept events for: the two disagree, so nothing is woken.
-            raise CoordinatorError("authentication.refused", "the completion is not accepted")
+            raise CoordinatorError(Code.AUTHENTICATION_REFUSED, "the completion is not accepted")
         check_review_id(review_id)
         match = derive.wait_match(self._admission_key, connection, REVIEW_DECISION, review_id)
         async with self.store.connection() as conn, conn.transaction():

@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from admission.start import Admitter, StartResult, parse_input
+from admission.start import Admitter, parse_input
 from core import derive
+from core.callers import EVENT_ISSUER
+from core.codes import Code
 from core.errors import CoordinatorError
-
-EVENT_ISSUER: Final = "event-source"
-"""The principal ``iss`` of every run a signed event starts."""
+from core.runs import StartResult
 
 _EVENT_ID: Final = re.compile(r"[\x20-\x7e]{1,1024}")
 
@@ -37,7 +37,7 @@ def check_event_id(event_id: str) -> None:
     """Refuse an event ``id`` that is empty, longer than 1024 or not printable ASCII."""
     if not _EVENT_ID.fullmatch(event_id):
         raise CoordinatorError(
-            "request.invalid", "/id: must be 1 to 1024 printable ASCII characters"
+            Code.REQUEST_INVALID, "/id: must be 1 to 1024 printable ASCII characters"
         )
 
 
@@ -57,16 +57,15 @@ class EventAdmitter:
 
     async def start(self, source_key: str, event_id: str, data_json: str) -> StartResult:
         """Start (or find again) the run of event ``event_id`` from ``source_key``."""
+        self.admitter.refuse_recovery_only()
         runtime = self.admitter.runtime
-        if runtime.recovery_only:
-            raise CoordinatorError(
-                "admission.recovery-only", "this instance runs in recovery-only mode"
-            )
         source = runtime.config.event_sources.get(source_key)
         if source is None:
             # The gateway only passes sources it verified; a name this runtime file lacks
             # means the two disagree, and nothing may be started on that basis.
-            raise CoordinatorError("authentication.refused", "the event source is not configured")
+            raise CoordinatorError(
+                Code.AUTHENTICATION_REFUSED, "the event source is not configured"
+            )
         check_event_id(event_id)
         value = parse_input(data_json)
         identity = derive.event_start_identity(self._admission_key, source.source, event_id)

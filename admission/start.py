@@ -19,58 +19,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import re
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import asyncpg
 
 from core import clock, derive
+from core.callers import Caller
+from core.canonical import canonical_json
+from core.codes import Code
 from core.crypto import Keyring, keyring_from_config, seal
 from core.errors import CoordinatorError
-from core.runs import RunRecord, read_run
+from core.runs import RunRecord, StartResult, check_idempotency_key, read_run
 from core.runtime import Runtime, Store
 from core.workflow.model import Workflow, step_kind
-from core.workflow.package import canonical
 from core.workflow.schema import validate_input
 
 MAX_INPUT_BYTES: Final = 64 * 1024
 INPUT_DIGEST_LABEL: Final = "registry-coordinator input-digest v1"
-# The Idempotency-Key header: 1–255 visible ASCII characters.
-_IDEMPOTENCY_KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
 # How often a start is tried when a concurrent identical start wins the insert; the second
 # try always finds the winner's identity row, so two are enough.
 _ATTEMPTS: Final = 2
 
 
-class CallerLike(Protocol):
-    """The verified principal and client of a start (``pb.Caller`` is one)."""
-
-    @property
-    def iss(self) -> str: ...
-
-    @property
-    def sub(self) -> str: ...
-
-    @property
-    def client_id(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """What a start answers."""
-
-    created: bool
-    """True when this call created the run; false when it answered an existing one."""
-    run_id: str
-    status: dict[str, Any]
-    """The run's status document (§8.3)."""
-
-
 def parse_input(text: str) -> Any:
     """The start input from its JSON text; malformed JSON is ``request.invalid``."""
     if len(text.encode("utf-8")) > MAX_INPUT_BYTES:
-        raise CoordinatorError("request.too-large", "the start input is larger than 64 KiB")
+        raise CoordinatorError(Code.REQUEST_TOO_LARGE, "the start input is larger than 64 KiB")
 
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
@@ -78,17 +52,17 @@ def parse_input(text: str) -> Any:
     try:
         return json.loads(text, parse_constant=no_constant)
     except (ValueError, RecursionError):
-        raise CoordinatorError("request.invalid", "input: not a JSON document") from None
+        raise CoordinatorError(Code.REQUEST_INVALID, "input: not a JSON document") from None
 
 
 def canonical_input(value: Any) -> bytes:
     """RFC 8785 bytes of the input: what is sealed and what the input digest covers."""
     try:
-        return canonical(value)
+        return canonical_json(value)
     except (ValueError, TypeError, RecursionError):
         # rfc8785 refuses numbers JSON peers cannot all read alike (beyond 2**53, NaN).
         raise CoordinatorError(
-            "input.invalid",
+            Code.INPUT_INVALID,
             "input holds a number outside the range every JSON reader agrees on",
             {"errors": [{"pointer": "", "reason": "holds a number outside the safe range"}]},
         ) from None
@@ -104,14 +78,6 @@ def input_digest(admission_key: bytes, canonical_bytes: bytes) -> str:
     return hmac.new(admission_key, message, hashlib.sha256).hexdigest()
 
 
-def check_idempotency_key(key: str) -> None:
-    """Refuse an idempotency key outside 1–255 visible ASCII characters."""
-    if not _IDEMPOTENCY_KEY.fullmatch(key):
-        raise CoordinatorError(
-            "request.invalid", "Idempotency-Key: must be 1 to 255 visible ASCII characters"
-        )
-
-
 def input_errors(workflow: Workflow, value: Any) -> None:
     """Refuse an input that breaks the workflow's input schema (pointers, never values)."""
     problems = validate_input(workflow.input_schema, value)
@@ -119,7 +85,7 @@ def input_errors(workflow: Workflow, value: Any) -> None:
         errors = [{"pointer": pointer, "reason": reason} for pointer, reason in problems]
         first_pointer, first_reason = problems[0]
         raise CoordinatorError(
-            "input.invalid",
+            Code.INPUT_INVALID,
             f"input{first_pointer or ''}: {first_reason}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
             {"errors": errors},
@@ -142,26 +108,32 @@ class Admitter:
         admission_key = runtime.resolver.read_key(config.deployment.admission_key_ref)
         return cls(runtime, store, admission_key, keyring_from_config(config, runtime.resolver))
 
+    def refuse_recovery_only(self) -> None:
+        """Refuse every start in a recovery-only instance: it is judged before anything else."""
+        if self.runtime.recovery_only:
+            raise CoordinatorError(
+                Code.ADMISSION_RECOVERY_ONLY, "this instance runs in recovery-only mode"
+            )
+
     def _active(self, workflow_id: str) -> tuple[str, Workflow]:
         activation = self.store.activation
         if activation is None:
-            raise CoordinatorError("service.unavailable", "the activation is not verified yet")
+            raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the activation is not verified yet")
         active = activation.packages.get(workflow_id)
         package = self.runtime.checked.packages.get(workflow_id)
         # Startup verified that the active packages are exactly the runtime file's pins, so
         # the two agree; a workflow in neither is simply not served here.
         if active is None or package is None or package.digest != active.digest:
-            raise CoordinatorError("workflow.not-found", f"workflow '{workflow_id}' is not active")
+            raise CoordinatorError(
+                Code.WORKFLOW_NOT_FOUND, f"workflow '{workflow_id}' is not active"
+            )
         return package.digest, package.workflow
 
     async def start(
-        self, caller: CallerLike, workflow_id: str, idempotency_key: str, value: Any
+        self, caller: Caller, workflow_id: str, idempotency_key: str, value: Any
     ) -> StartResult:
         """Admit one API start (or answer the run an earlier identical start created)."""
-        if self.runtime.recovery_only:
-            raise CoordinatorError(
-                "admission.recovery-only", "this instance runs in recovery-only mode"
-            )
+        self.refuse_recovery_only()
         check_idempotency_key(idempotency_key)
         identity = derive.api_start_identity(
             self._admission_key, caller.iss, caller.sub, workflow_id, idempotency_key
@@ -169,13 +141,10 @@ class Admitter:
         return await self.start_identified(caller, workflow_id, identity, value)
 
     async def start_identified(
-        self, caller: CallerLike, workflow_id: str, identity: str, value: Any
+        self, caller: Caller, workflow_id: str, identity: str, value: Any
     ) -> StartResult:
         """Admit a start whose identity is already derived (a signed event's source and id)."""
-        if self.runtime.recovery_only:
-            raise CoordinatorError(
-                "admission.recovery-only", "this instance runs in recovery-only mode"
-            )
+        self.refuse_recovery_only()
         digest, workflow = self._active(workflow_id)
         for attempt in range(_ATTEMPTS):
             try:
@@ -186,7 +155,7 @@ class Admitter:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _attempt(
-        self, caller: CallerLike, workflow: Workflow, digest: str, identity: str, value: Any
+        self, caller: Caller, workflow: Workflow, digest: str, identity: str, value: Any
     ) -> StartResult:
         q = self.store.queries
         activation = self.store.activation
@@ -196,28 +165,29 @@ class Admitter:
             await clock.apply_to(conn)
             context = await conn.fetchrow(q["admission_context"])
             if context is None:
-                raise CoordinatorError("service.unavailable", "the namespace has no hold row")
+                raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
             if int(context["activation_serial"]) != activation.serial:
                 raise CoordinatorError(
-                    "deployment.activation-changed",
+                    Code.DEPLOYMENT_ACTIVATION_CHANGED,
                     "apply changed the active packages; restart the service with its runtime file",
                 )
             if context["admission_hold"]:
                 raise CoordinatorError(
-                    "admission.held", "the admission hold is set; release-admission-hold ends it"
+                    Code.ADMISSION_HELD, "the admission hold is set; release-admission-hold ends it"
                 )
             input_errors(workflow, value)
             plaintext = canonical_input(value)
             keyed = input_digest(self._admission_key, plaintext)
             if await conn.fetchval(q["admission_tombstone"], identity) is not None:
                 raise CoordinatorError(
-                    "run.payload-erased", "the run of this idempotency key was erased by retention"
+                    Code.RUN_PAYLOAD_ERASED,
+                    "the run of this idempotency key was erased by retention",
                 )
             known = await conn.fetchrow(q["admission_identity_read"], identity)
             if known is not None:
                 if not hmac.compare_digest(known["input_digest"], keyed):
                     raise CoordinatorError(
-                        "start.conflict",
+                        Code.START_CONFLICT,
                         "this idempotency key started a run with a different input",
                     )
                 return await self._answer(conn, known["run_id"], created=False)
@@ -228,7 +198,7 @@ class Admitter:
     async def _insert(
         self,
         conn: asyncpg.Connection,
-        caller: CallerLike,
+        caller: Caller,
         workflow: Workflow,
         digest: str,
         run_id: str,
@@ -251,7 +221,7 @@ class Admitter:
         for name in sorted(workflow.connections):
             connection = config.connections.get(name)
             if connection is None:  # the runtime file check makes this unreachable
-                raise CoordinatorError("deployment.refused", f"connections.{name}: missing")
+                raise CoordinatorError(Code.DEPLOYMENT_REFUSED, f"connections.{name}: missing")
             await conn.execute(
                 q["admission_binding_insert"],
                 run_id,
@@ -283,14 +253,14 @@ class Admitter:
     async def _answer(self, conn: asyncpg.Connection, run_id: str, *, created: bool) -> StartResult:
         run: RunRecord | None = await read_run(conn, self.store.queries, run_id)
         if run is None:  # the identity row references the run, so it exists
-            raise CoordinatorError("run.not-found", "the run of this start is missing")
+            raise CoordinatorError(Code.RUN_NOT_FOUND, "the run of this start is missing")
         return StartResult(created=created, run_id=run_id, status=run.status())
 
 
 async def admit(
     store: Store,
     runtime: Runtime,
-    caller: CallerLike,
+    caller: Caller,
     workflow_id: str,
     key: str,
     input: Any,

@@ -41,12 +41,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
+from core.clock import timestamp
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.keys import fingerprint
-
-AUDIT_UNAVAILABLE: Final = "audit.response-unavailable"
-JOURNAL_BROKEN: Final = "audit.journal-broken"
-"""Internal code: the existing journal's last line cannot be continued."""
 
 GENESIS_PREV: Final = "0" * 64
 REF_LENGTH: Final = 32
@@ -113,14 +111,6 @@ def principal_value(iss: str, sub: str) -> str:
     return f"{iss}\n{sub}"
 
 
-def format_instant(moment: datetime) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. ``2026-01-02T03:04:05.678Z``."""
-    if moment.tzinfo is None:
-        raise ValueError("audit clock must return an aware datetime")
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
 def serialize(record: dict[str, Any]) -> bytes:
     """The canonical line bytes of a record (no newline): fixed key order, compact, ASCII."""
     ordered = {}
@@ -175,7 +165,7 @@ def _scan(handle: BinaryIO, path: Path) -> JournalTail:
         number += 1
         if not raw.endswith(b"\n"):
             raise CoordinatorError(
-                JOURNAL_BROKEN, f"{path}: line {number}: the last line is incomplete"
+                Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: the last line is incomplete"
             )
         last = raw[:-1]
         if marker in last:
@@ -186,9 +176,13 @@ def _scan(handle: BinaryIO, path: Path) -> JournalTail:
     seq = record.get("seq")
     prev = record.get("prev")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-        raise CoordinatorError(JOURNAL_BROKEN, f"{path}: line {number}: seq is not valid")
+        raise CoordinatorError(
+            Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: seq is not valid"
+        )
     if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
-        raise CoordinatorError(JOURNAL_BROKEN, f"{path}: line {number}: prev is not valid")
+        raise CoordinatorError(
+            Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: prev is not valid"
+        )
     return JournalTail(last_seq=seq, prev=line_hash(last), segment_fingerprint=segment)
 
 
@@ -197,10 +191,12 @@ def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
         record = json.loads(line)
     except ValueError:
         raise CoordinatorError(
-            JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record"
+            Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record"
         ) from None
     if not isinstance(record, dict):
-        raise CoordinatorError(JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record")
+        raise CoordinatorError(
+            Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record"
+        )
     return record
 
 
@@ -213,7 +209,8 @@ def _segment_fingerprint(path: Path, number: int, line: bytes) -> str:
         or not reason.startswith(FINGERPRINT_PREFIX)
     ):
         raise CoordinatorError(
-            JOURNAL_BROKEN, f"{path}: line {number}: segment record without a fingerprint"
+            Code.AUDIT_JOURNAL_BROKEN,
+            f"{path}: line {number}: segment record without a fingerprint",
         )
     return reason[len(FINGERPRINT_PREFIX) :]
 
@@ -378,7 +375,7 @@ class Journal:
     def _record(self, entry: AuditEntry, seq: int, prev: str) -> dict[str, Any]:
         record: dict[str, Any] = {
             "seq": seq,
-            "at": format_instant(self._clock()),
+            "at": timestamp(self._clock()),
             "action": entry.action,
             "outcome": entry.outcome,
             "principalRef": (
@@ -399,7 +396,7 @@ class Journal:
 
 
 def _unavailable() -> CoordinatorError:
-    return CoordinatorError(AUDIT_UNAVAILABLE, "the audit journal cannot be written")
+    return CoordinatorError(Code.AUDIT_RESPONSE_UNAVAILABLE, "the audit journal cannot be written")
 
 
 def _fail(batch: Sequence[_Pending]) -> None:
@@ -414,7 +411,7 @@ def _open_file(path: Path, fsync: Callable[[int], None]) -> tuple[int, JournalTa
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise CoordinatorError(JOURNAL_BROKEN, f"{path}: not a regular file")
+            raise CoordinatorError(Code.AUDIT_JOURNAL_BROKEN, f"{path}: not a regular file")
         # Read through the descriptor we will append to, so the file judged is the file
         # written even if the path is replaced meanwhile. O_APPEND ignores the offset.
         with os.fdopen(os.dup(fd), "rb") as handle:

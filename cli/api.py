@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import REFERENCE
 
-_REFERENCE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 TIMEOUT_SECONDS = 30.0
 
 
 def check_reference(option: str, value: str) -> str:
     """Validate an investigation reference locally, before anything is sent."""
-    if not _REFERENCE.fullmatch(value):
+    if not REFERENCE.fullmatch(value):
         raise CoordinatorError(
-            "request.invalid",
+            Code.REQUEST_INVALID,
             f"{option} must be 1-128 characters of letters, digits and . _ : / -",
         )
     return value
@@ -33,14 +33,14 @@ def read_token_file(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         reason = "does not exist" if isinstance(exc, FileNotFoundError) else "cannot be opened"
-        raise CoordinatorError("auth.token-file", f"{path}: token file {reason}") from None
+        raise CoordinatorError(Code.AUTH_TOKEN_FILE, f"{path}: token file {reason}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise CoordinatorError("auth.token-file", f"{path}: not a regular file")
+            raise CoordinatorError(Code.AUTH_TOKEN_FILE, f"{path}: not a regular file")
         if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise CoordinatorError(
-                "auth.token-file",
+                Code.AUTH_TOKEN_FILE,
                 f"{path}: readable or writable by group or others; use chmod 600",
             )
         with os.fdopen(fd, "rb", closefd=False) as handle:
@@ -50,11 +50,11 @@ def read_token_file(path: Path) -> str:
     try:
         token = data.decode("ascii")
     except UnicodeDecodeError:
-        raise CoordinatorError("auth.token-file", f"{path}: not an ASCII token") from None
+        raise CoordinatorError(Code.AUTH_TOKEN_FILE, f"{path}: not an ASCII token") from None
     if token.endswith("\n"):
         token = token[:-1]
     if not token or len(data) > 65536:
-        raise CoordinatorError("auth.token-file", f"{path}: empty or oversized token file")
+        raise CoordinatorError(Code.AUTH_TOKEN_FILE, f"{path}: empty or oversized token file")
     return token
 
 
@@ -84,7 +84,7 @@ class ApiClient:
                 )
         except httpx.HTTPError:
             raise CoordinatorError(
-                "service.unavailable", f"cannot reach the coordinator at {self._base}"
+                Code.SERVICE_UNAVAILABLE, f"cannot reach the coordinator at {self._base}"
             ) from None
         try:
             document = response.json()
@@ -92,9 +92,12 @@ class ApiClient:
             document = None
         if 200 <= response.status_code < 300:
             return document
-        if isinstance(document, dict) and isinstance(document.get("code"), str):
+        # A problem with a code of ours is the refusal; anything else is an unexpected answer.
+        text = document.get("code") if isinstance(document, dict) else None
+        code = Code.parse(text) if isinstance(text, str) else None
+        if code is not None:
             detail = document.get("detail") or document.get("title") or ""
-            raise CoordinatorError(document["code"], str(detail))
+            raise CoordinatorError(code, str(detail))
         raise CoordinatorError(
-            "service.unavailable", f"unexpected HTTP {response.status_code} from the coordinator"
+            Code.SERVICE_UNAVAILABLE, f"unexpected HTTP {response.status_code} from the coordinator"
         )

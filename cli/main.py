@@ -20,7 +20,9 @@ import typer
 
 from cli import api, render
 from core import __version__
+from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import IDEMPOTENCY_KEY
 
 app = typer.Typer(
     name="coordinatorctl",
@@ -352,7 +354,7 @@ def inspect(
 
 def _path_segment(value: str) -> str:
     if not value or any(ch in value for ch in "/?#%") or len(value) > 255:
-        raise CoordinatorError("request.invalid", "--run is not a run id")
+        raise CoordinatorError(Code.REQUEST_INVALID, "--run is not a run id")
     return value
 
 
@@ -381,12 +383,14 @@ def start(
         raw = input_file.read_bytes()
         document = json.loads(raw)
     except OSError:
-        raise CoordinatorError("request.invalid", f"{input_file}: cannot be read") from None
+        raise CoordinatorError(Code.REQUEST_INVALID, f"{input_file}: cannot be read") from None
     except ValueError:
-        raise CoordinatorError("request.invalid", f"{input_file}: not JSON") from None
+        raise CoordinatorError(Code.REQUEST_INVALID, f"{input_file}: not JSON") from None
     key = idempotency_key or default_idempotency_key(workflow, raw)
-    if not (1 <= len(key) <= 255) or not all(33 <= ord(ch) <= 126 for ch in key):
-        raise CoordinatorError("request.invalid", "--idempotency-key must be 1-255 visible ASCII")
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise CoordinatorError(
+            Code.REQUEST_INVALID, "--idempotency-key must be 1-255 visible ASCII"
+        )
     body = client.request(
         "POST",
         f"/v1/workflows/{_path_segment(workflow)}/runs",
@@ -449,9 +453,11 @@ def _instant(value: str) -> str:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise CoordinatorError("request.invalid", "--before must be an RFC 3339 instant") from None
+        raise CoordinatorError(
+            Code.REQUEST_INVALID, "--before must be an RFC 3339 instant"
+        ) from None
     if parsed.tzinfo is None:
-        raise CoordinatorError("request.invalid", "--before needs a time zone offset or Z")
+        raise CoordinatorError(Code.REQUEST_INVALID, "--before needs a time zone offset or Z")
     return value
 
 
@@ -509,6 +515,23 @@ def _attested(flag: bool, name: str) -> None:
         _usage(f"{name} is required: it records your statement")
 
 
+def _attestation(
+    ctx: typer.Context,
+    action: str,
+    reference: str,
+    history: tuple[str, str, bool],
+    fenced: bool,
+    api_opts: Any,
+) -> None:
+    """An attested hold step: the reference checked, both statements given, then sent."""
+    member, flag, complete = history
+    api.check_reference("--recovery-reference", reference)
+    _attested(complete, flag)
+    _attested(fenced, "--prior-deployment-fenced")
+    body = {"recoveryReference": reference, member: True, "priorDeploymentFenced": True}
+    _operator_action(ctx, action, body, api_opts)
+
+
 @app.command("complete-execution-recovery")
 def complete_execution_recovery(
     ctx: typer.Context,
@@ -522,15 +545,14 @@ def complete_execution_recovery(
     output: OutputOpt = None,
 ) -> None:
     """Attest that the execution history after the backup is established."""
-    api.check_reference("--recovery-reference", recovery_reference)
-    _attested(execution_history_complete, "--execution-history-complete")
-    _attested(prior_deployment_fenced, "--prior-deployment-fenced")
-    body = {
-        "recoveryReference": recovery_reference,
-        "executionHistoryComplete": True,
-        "priorDeploymentFenced": True,
-    }
-    _operator_action(ctx, "complete-execution-recovery", body, (url, token_file, output))
+    _attestation(
+        ctx,
+        "complete-execution-recovery",
+        recovery_reference,
+        ("executionHistoryComplete", "--execution-history-complete", execution_history_complete),
+        prior_deployment_fenced,
+        (url, token_file, output),
+    )
 
 
 @app.command("release-admission-hold")
@@ -546,15 +568,14 @@ def release_admission_hold(
     output: OutputOpt = None,
 ) -> None:
     """Reopen admissions once every spent key is established."""
-    api.check_reference("--recovery-reference", recovery_reference)
-    _attested(admission_history_complete, "--admission-history-complete")
-    _attested(prior_deployment_fenced, "--prior-deployment-fenced")
-    body = {
-        "recoveryReference": recovery_reference,
-        "admissionHistoryComplete": True,
-        "priorDeploymentFenced": True,
-    }
-    _operator_action(ctx, "release-admission-hold", body, (url, token_file, output))
+    _attestation(
+        ctx,
+        "release-admission-hold",
+        recovery_reference,
+        ("admissionHistoryComplete", "--admission-history-complete", admission_history_complete),
+        prior_deployment_fenced,
+        (url, token_file, output),
+    )
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

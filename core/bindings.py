@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import asyncpg
 
+from core.codes import Code
 from core.config.model import RuntimeConfig
 from core.db.queries import Queries
 from core.errors import CoordinatorError
@@ -38,16 +39,17 @@ from core.runtime import Store
 
 log = logging.getLogger("coordinator.bindings")
 
-STARTUP_CODE: Final = "command.live-binding-conflict"
-"""The startup refusal; the launcher prints it as the raw code ``live-binding-conflict``."""
-API_CODE: Final = "binding.live-conflict"
-"""The 409 problem of an action that would act under a changed binding."""
-
 
 @dataclass(frozen=True)
 class Binding:
-    """The settings of one connection that a run depends on, in runtime-file words."""
+    """The settings of one connection that a run depends on, in runtime-file words: one
+    ``binding`` row, or what the runtime file gives the connection now (:func:`configured`).
 
+    The dispatcher builds a run's requests from it and recovery reads receipts with it; the
+    startup check compares it with the runtime file.
+    """
+
+    connection: str
     type: str
     base_url: str
     client_id: str
@@ -58,8 +60,9 @@ class Binding:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Binding:
-        """A binding from a ``binding`` row (``bindings_live``/``bindings_of_run``)."""
+        """A binding from a ``binding`` row (any query that reads one, ``connection`` too)."""
         return cls(
+            connection=str(row["connection"]),
             type=str(row["connection_type"]),
             base_url=str(row["base_url"]),
             client_id=str(row["client_id"]),
@@ -67,6 +70,13 @@ class Binding:
             scopes=frozenset(row["scopes"]),
             profile=str(row["profile"]),
             producer=None if row["producer"] is None else str(row["producer"]),
+        )
+
+    def setting(self, name: str) -> str | None:
+        """A setting a request takes from the connection, by its runtime-file key
+        (``producer``, ``profile``, ``baseUrl``)."""
+        return {"producer": self.producer, "profile": self.profile, "baseUrl": self.base_url}.get(
+            name
         )
 
 
@@ -88,6 +98,7 @@ def configured(config: RuntimeConfig, connection: str) -> Binding | None:
     if settings is None:
         return None
     return Binding(
+        connection=connection,
         type=settings.type,
         base_url=settings.base_url,
         client_id=settings.authorization.client_id,
@@ -98,9 +109,10 @@ def configured(config: RuntimeConfig, connection: str) -> Binding | None:
     )
 
 
-def differences(config: RuntimeConfig, connection: str, recorded: Binding) -> tuple[str, ...]:
-    """The settings of ``connection`` that differ from ``recorded`` (empty when none do)."""
-    current = configured(config, connection)
+def differences(config: RuntimeConfig, recorded: Binding) -> tuple[str, ...]:
+    """The settings of the recorded connection that the runtime file now gives otherwise
+    (empty when none differ)."""
+    current = configured(config, recorded.connection)
     if current is None:
         return ("the connection itself (it is no longer in the runtime file)",)
     return tuple(
@@ -124,12 +136,12 @@ class Conflict:
 
 
 def conflicts_in(config: RuntimeConfig, rows: Sequence[Mapping[str, Any]]) -> list[Conflict]:
-    """The conflicts among recorded binding rows (each row names its ``connection``)."""
+    """The conflicts among recorded binding rows."""
     found: dict[str, list[str]] = {}
     for row in rows:
-        connection = str(row["connection"])
-        for words in differences(config, connection, Binding.from_row(row)):
-            listed = found.setdefault(connection, [])
+        recorded = Binding.from_row(row)
+        for words in differences(config, recorded):
+            listed = found.setdefault(recorded.connection, [])
             if words not in listed:
                 listed.append(words)
     return [Conflict(name, tuple(found[name])) for name in sorted(found)]
@@ -151,7 +163,7 @@ async def verify_live_bindings(store: Store, *, refuse: bool = True) -> list[Con
     if found and refuse:
         listed = "; ".join(conflict.describe() for conflict in found)
         raise CoordinatorError(
-            STARTUP_CODE,
+            Code.LIVE_BINDING_CONFLICT,
             f"{listed} changed while runs that have not ended depend on them; restore the "
             "earlier settings, or investigate with --recovery-only",
         )
@@ -181,14 +193,12 @@ async def refuse_run_conflict(
     if changed:
         names = ", ".join(f"'{name}'" for name in changed)
         raise CoordinatorError(
-            API_CODE,
+            Code.BINDING_LIVE_CONFLICT,
             f"the run depends on settings of connection {names} that the runtime file changed",
         )
 
 
 __all__ = [
-    "API_CODE",
-    "STARTUP_CODE",
     "Binding",
     "Conflict",
     "configured",

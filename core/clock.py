@@ -1,4 +1,5 @@
-"""The service's notion of "now", and the test clock that replaces it across processes.
+"""The service's notion of "now", the test clock that replaces it across processes, and
+the RFC 3339 text of instants.
 
 Production reads the wall clock and never sets anything. Tests that must move time across
 real processes (leases, timers, retention) point the environment variable
@@ -10,18 +11,29 @@ namespace's ``now()`` function answers.
 The file is read again on every call rather than cached on its modification time: two quick
 writes can share a timestamp on coarse file systems, and a stale instant would make a test
 flaky. It is tiny and only ever used in tests.
+
+Instants are written in one form, UTC with ``Z``: documents and journal lines show
+milliseconds (:func:`timestamp`), the test clock keeps microseconds (:func:`format_instant`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
+
+from core.db.queries import load
 
 ENV_VAR: Final = "COORDINATOR_TEST_CLOCK_FILE"
 SETTING: Final = "coordinator.fake_now"
+
+# What an API body's instant must look like: a full date-time with an offset.
+_OFFSET_INSTANT: Final = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
 
 
 class ClockFileInvalid(RuntimeError):
@@ -47,11 +59,32 @@ def parse_instant(text: str) -> datetime:
     return value.astimezone(UTC)
 
 
-def format_instant(instant: datetime) -> str:
-    """RFC 3339 UTC with microseconds, e.g. ``2027-01-15T08:00:00.000000Z``."""
+def parse_offset_instant(text: str) -> datetime | None:
+    """An API body's RFC 3339 date-time with an offset, as aware UTC; ``None`` when ``text``
+    is not one (no offset, a date alone, a day or hour out of range).
+
+    Digits finer than microseconds are dropped (truncated).
+    """
+    if not _OFFSET_INSTANT.fullmatch(text):
+        return None
+    try:
+        return parse_instant(text)
+    except ValueError:
+        return None
+
+
+def format_instant(
+    instant: datetime, timespec: Literal["milliseconds", "microseconds"] = "microseconds"
+) -> str:
+    """RFC 3339 UTC with ``Z``, e.g. ``2027-01-15T08:00:00.000000Z`` (digits truncated)."""
     if instant.tzinfo is None:
         raise ValueError("format_instant needs an aware datetime")
-    return instant.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return instant.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def timestamp(instant: datetime) -> str:
+    """The form documents and journal lines show: milliseconds, ``2026-05-01T09:00:00.123Z``."""
+    return format_instant(instant, "milliseconds")
 
 
 def pinned_instant() -> datetime | None:
@@ -82,7 +115,7 @@ async def apply_to(conn: Any) -> None:
     instant = pinned_instant()
     if instant is None:
         return
-    await conn.execute("SELECT set_config($1, $2, true)", SETTING, format_instant(instant))
+    await conn.execute(load()["clock_fake_now_set"], SETTING, format_instant(instant))
 
 
 def write_test_clock(path: Path, instant: datetime) -> None:

@@ -13,7 +13,8 @@ different field tuples can produce the same bytes.
 
 Codes:
 
-- ``state-key-custody``: the sealed payload names a key version that is not configured.
+- ``command.state-key-custody`` (raw ``state-key-custody``): the sealed payload names a key
+  version that is not configured.
 - ``state.payload-unauthentic`` (internal): the ciphertext, nonce or associated data does not
   authenticate under the configured key. The detail never contains the payload.
 """
@@ -30,14 +31,12 @@ from typing import TYPE_CHECKING, Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from core.codes import Code
 from core.errors import CoordinatorError
 
 if TYPE_CHECKING:
     from core.config.model import RuntimeConfig
     from core.secrets import SecretResolver
-
-STATE_KEY_CUSTODY: Final = "state-key-custody"
-PAYLOAD_UNAUTHENTIC: Final = "state.payload-unauthentic"
 
 KEY_BYTES: Final = 32
 NONCE_BYTES: Final = 12
@@ -137,23 +136,25 @@ def seal(
 def open_(keyring: Keyring, namespace: str, run_id: str, purpose: str, sealed: Sealed) -> bytes:
     """Decrypt a sealed payload, checking that it belongs to this namespace, run and purpose.
 
-    Raises ``state-key-custody`` when its key version is not configured and
+    Raises ``command.state-key-custody`` when its key version is not configured and
     ``state.payload-unauthentic`` when it does not authenticate.
     """
     key = keyring.keys.get(sealed.key_version)
     if key is None:
         raise CoordinatorError(
-            STATE_KEY_CUSTODY,
+            Code.STATE_KEY_CUSTODY,
             f"state key version {sealed.key_version} is not configured in deployment.stateKeys",
         )
     if len(sealed.nonce) != NONCE_BYTES or len(sealed.ciphertext) < TAG_BYTES:
-        raise CoordinatorError(PAYLOAD_UNAUTHENTIC, f"sealed {purpose} payload is malformed")
+        raise CoordinatorError(
+            Code.STATE_PAYLOAD_UNAUTHENTIC, f"sealed {purpose} payload is malformed"
+        )
     aad = associated_data(namespace, run_id, purpose, sealed.key_version)
     try:
         return AESGCM(key).decrypt(sealed.nonce, sealed.ciphertext, aad)
     except InvalidTag:
         raise CoordinatorError(
-            PAYLOAD_UNAUTHENTIC,
+            Code.STATE_PAYLOAD_UNAUTHENTIC,
             f"sealed {purpose} payload does not authenticate under state key version "
             f"{sealed.key_version}",
         ) from None

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from core import __version__
+from core.codes import Code
 from core.errors import CoordinatorError
 
 COMPONENTS = ("gateway", "admission", "dispatcher", "recovery", "auditd")
@@ -42,18 +43,11 @@ STOP_BUDGET_SECONDS = 15.0
 # A component gets this long to stop by itself before the launcher kills it.
 CHILD_GRACE_SECONDS = 12.0
 
-# Startup refusals print one of the raw codes of CONTRACT §2.1.
-RAW_CODES = {
-    "command.state-key-custody": "state-key-custody",
-    "state-key-custody": "state-key-custody",
-    "command.live-binding-conflict": "live-binding-conflict",
-    "live-binding-conflict": "live-binding-conflict",
-}
-
 
 def raw_code(error: CoordinatorError) -> str:
-    """The raw stderr code a startup refusal is reported with."""
-    return RAW_CODES.get(error.code, "deployment.refused")
+    """The raw stderr code a startup refusal is reported with (CONTRACT §2.1): its code's
+    own raw spelling, or ``deployment.refused`` for a code that has none."""
+    return error.code.raw or Code.DEPLOYMENT_REFUSED.value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +107,8 @@ def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
         # Still one line and a code, never a traceback: the type names the failure.
         logging.getLogger("coordinator").debug("component failed", exc_info=True)
         sys.stderr.write(
-            f"deployment.refused: the {component} component failed ({type(error).__name__})\n"
+            f"{Code.DEPLOYMENT_REFUSED.value}: the {component} component failed "
+            f"({type(error).__name__})\n"
         )
         sys.exit(1)
     sys.exit(0)
@@ -220,7 +215,7 @@ async def preflight(path: Path, recovery_only: bool) -> None:
     An unreachable database is not a refusal: the components start, report
     ``store-unavailable`` and wait for it, and ``/ready`` answers 503 meanwhile.
     """
-    from core.db.connect import quote_ident
+    from core.db.queries import load
     from core.db.roles import component_role
     from core.deploy.activation import verify_activation
     from core.deploy.database import open_connection
@@ -230,10 +225,10 @@ async def preflight(path: Path, recovery_only: bool) -> None:
     try:
         async with open_connection(runtime.config, runtime.resolver, "runtime") as conn:
             role = component_role(runtime.config.namespace, "recovery")
-            await conn.execute(f"SET ROLE {quote_ident(role)}")
+            await conn.execute(load()["role_set"], role)
             await verify_activation(conn, runtime.checked, resolver=runtime.resolver)
     except CoordinatorError as error:
-        if error.code != "store.unavailable":
+        if error.code != Code.STORE_UNAVAILABLE:
             raise
 
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
 
 from core import clock
+from core.canonical import canonical_json
+from core.clock import timestamp
+from core.codes import Code
 from core.crypto import Keyring, Sealed, open_, seal
 from core.errors import CoordinatorError
 from core.runtime import Store
@@ -28,14 +31,9 @@ SCOPE_PURPOSES: Final = frozenset({"input", "output", "wait-result"})
 """The payload purposes expressions can read: the input and the values steps kept."""
 
 
-def started_at_text(created_at: datetime) -> str:
-    """``${run.startedAt}``: RFC 3339 UTC with milliseconds (``2027-01-15T08:00:00.000Z``)."""
-    return created_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def encode_json(value: Any) -> bytes:
-    """Canonical JSON bytes of a payload value."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+    """The bytes a payload value is sealed as: RFC 8785 canonical JSON."""
+    return canonical_json(value)
 
 
 def seal_json(keyring: Keyring, namespace: str, run_id: str, purpose: str, value: Any) -> Sealed:
@@ -53,7 +51,7 @@ def open_json(
         return json.loads(plaintext)
     except ValueError:
         raise CoordinatorError(
-            "state.payload-unauthentic", f"the sealed {purpose} payload is not JSON"
+            Code.STATE_PAYLOAD_UNAUTHENTIC, f"the sealed {purpose} payload is not JSON"
         ) from None
 
 
@@ -78,7 +76,7 @@ def build_scope(
         input=run_input,
         steps=kept,
         run_id=run_id,
-        run_started_at=started_at_text(created_at),
+        run_started_at=timestamp(created_at),
     )
 
 

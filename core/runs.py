@@ -8,6 +8,10 @@ input, a prepared command or a product response, because none ever reaches this 
 
 List cursors are opaque to clients; inside they are the ``(created_at, id)`` position of
 the last run shown, which is the order lists walk.
+
+The values about runs that more than one component checks live here too, once: the run
+states, the list and retain limits, the start's idempotency key, the operator's
+investigation reference and what a start answers.
 """
 
 from __future__ import annotations
@@ -23,14 +27,25 @@ from typing import Any, Final
 
 import asyncpg
 
+from core.clock import timestamp
+from core.codes import Code
 from core.db.queries import Queries
 from core.errors import CoordinatorError
 
 RUN_STATES: Final = ("running", "waiting", "held", "succeeded", "failed", "cancelled")
 """Every state a run can be in (the status document's ``state``)."""
 
-ENDED_STATES: Final = ("succeeded", "failed", "cancelled")
-"""States a run never leaves."""
+DEFAULT_LIST_LIMIT: Final = 20
+"""Runs on one list page when the request names no ``limit``."""
+MAX_LIST_LIMIT: Final = 100
+"""The most runs one list page shows."""
+MAX_RETAIN_LIMIT: Final = 100
+"""The most runs one ``retain`` call erases."""
+
+IDEMPOTENCY_KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
+"""A start's ``Idempotency-Key``: 1–255 visible ASCII characters."""
+REFERENCE: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+"""An operator's investigation reference (``reason``, ``recoveryReference``)."""
 
 WAIT_TYPES: Final = ("wait-until", "wait-for")
 
@@ -40,16 +55,12 @@ _RUN_ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CURSOR: Final = re.compile(r"(-?[0-9]{1,20})\.([A-Za-z0-9_-]{1,64})")
 
 
-def timestamp(value: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds and ``Z`` (``2026-05-01T09:00:00.123Z``)."""
-    if value.tzinfo is None:
-        raise ValueError("timestamps must carry a time zone")
-    utc = value.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def _optional_time(value: datetime | None) -> str | None:
-    return None if value is None else timestamp(value)
+def check_idempotency_key(key: str) -> None:
+    """Refuse an idempotency key outside 1–255 visible ASCII characters."""
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise CoordinatorError(
+            Code.REQUEST_INVALID, "Idempotency-Key: must be 1 to 255 visible ASCII characters"
+        )
 
 
 def document_json(document: Mapping[str, Any]) -> str:
@@ -58,6 +69,18 @@ def document_json(document: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What a start answers (admission to the gateway, the gateway to the client)."""
+
+    created: bool
+    """True when this start created the run (HTTP 201); false when it found it again."""
+    run_id: str
+    """The run's id."""
+    status: dict[str, Any]
+    """The run's status document (§8.3)."""
 
 
 @dataclass(frozen=True)
@@ -285,7 +308,7 @@ class Cursor:
     @classmethod
     def decode(cls, text: str) -> Cursor:
         """Read a cursor this module issued; anything else is ``request.invalid``."""
-        refused = CoordinatorError("request.invalid", "cursor: not a cursor this service issued")
+        refused = CoordinatorError(Code.REQUEST_INVALID, "cursor: not a cursor this service issued")
         if not text or len(text) > 200 or not text.isascii():
             raise refused
         try:
@@ -303,16 +326,21 @@ class Cursor:
 
 
 __all__ = [
-    "ENDED_STATES",
+    "DEFAULT_LIST_LIMIT",
+    "IDEMPOTENCY_KEY",
+    "MAX_LIST_LIMIT",
+    "MAX_RETAIN_LIMIT",
+    "REFERENCE",
     "RUN_STATES",
     "Cursor",
     "Holds",
     "OperatorActionRecord",
     "RunRecord",
+    "StartResult",
     "StepRecord",
+    "check_idempotency_key",
     "document_json",
     "inspection_document",
     "read_run",
     "read_steps",
-    "timestamp",
 ]

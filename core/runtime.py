@@ -18,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 
+from core.codes import Code
 from core.config.check import check_runtime_file
 from core.config.model import CheckedDeployment, RuntimeConfig
 from core.db.connect import create_pool
@@ -66,7 +67,7 @@ def endpoints_for(config: RuntimeConfig, resolver: SecretResolver) -> Endpoints:
         return unix_endpoints(internal.socket_dir)
     tls = internal.tls
     if tls is None:
-        raise CoordinatorError("deployment.refused", "deployment.internal.tls is required")
+        raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "deployment.internal.tls is required")
     material = TlsMaterial(
         certificate=resolver.read_bytes(tls.certificate_ref),
         private_key=resolver.read_bytes(tls.private_key_ref),
@@ -124,7 +125,7 @@ class Store:
                 )
             except Exception as exc:
                 coded = translate(exc, RUNTIME_LABEL)
-                if coded is None or coded.code != "store.unavailable":
+                if coded is None or coded.code != Code.STORE_UNAVAILABLE:
                     raise (coded or exc) from None
                 self.notice_unavailable()
                 await asyncio.sleep(1.0)
@@ -142,7 +143,7 @@ class Store:
     def pool(self) -> asyncpg.Pool:
         """The open pool."""
         if self._pool is None:
-            raise CoordinatorError("service.unavailable", "the database is not connected yet")
+            raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database is not connected yet")
         return self._pool
 
     @contextlib.asynccontextmanager
@@ -156,10 +157,10 @@ class Store:
             raise
         except Exception as exc:
             coded = translate(exc, RUNTIME_LABEL)
-            if coded is not None and coded.code == "store.unavailable":
+            if coded is not None and coded.code == Code.STORE_UNAVAILABLE:
                 self.notice_unavailable()
                 raise CoordinatorError(
-                    "service.unavailable", "the database cannot be reached"
+                    Code.SERVICE_UNAVAILABLE, "the database cannot be reached"
                 ) from None
             raise
 

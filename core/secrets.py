@@ -40,15 +40,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from core.codes import Code
 from core.errors import ConfigInvalid, CoordinatorError
 
 if TYPE_CHECKING:
     from core.config.model import SecretProviders
-
-# Error codes, not secrets (ruff's S105 reads the names).
-SECRET_UNREADABLE = "secret.unreadable"  # noqa: S105
-SECRET_INSECURE = "secret.insecure"  # noqa: S105
-SECRET_MALFORMED = "secret.malformed"  # noqa: S105
 
 KEY_LENGTH = 32
 """Bytes in each of the state, admission and audit keys."""
@@ -82,7 +78,7 @@ class SecretRef:
 class SecretError(CoordinatorError):
     """A secret could not be used; ``reference`` names it, the detail never shows content."""
 
-    def __init__(self, code: str, reference: SecretRef, reason: str) -> None:
+    def __init__(self, code: Code, reference: SecretRef, reason: str) -> None:
         super().__init__(code, f"{reference}: {reason}")
         self.reference = reference
         self.reason = reason
@@ -153,9 +149,9 @@ class SecretResolver:
         else:
             data = self._read_file(reference, max_len)
         if len(data) < min_len:
-            raise SecretError(SECRET_MALFORMED, reference, f"shorter than {min_len} bytes")
+            raise SecretError(Code.SECRET_MALFORMED, reference, f"shorter than {min_len} bytes")
         if len(data) > max_len:
-            raise SecretError(SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
+            raise SecretError(Code.SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
         return data
 
     def read_key(self, ref: SecretRef | str) -> bytes:
@@ -164,7 +160,7 @@ class SecretResolver:
         data = self.read_bytes(reference, min_len=0, max_len=DEFAULT_MAX_BYTES)
         if len(data) != KEY_LENGTH:
             raise SecretError(
-                SECRET_MALFORMED, reference, f"a key must be exactly {KEY_LENGTH} bytes"
+                Code.SECRET_MALFORMED, reference, f"a key must be exactly {KEY_LENGTH} bytes"
             )
         return data
 
@@ -179,15 +175,15 @@ class SecretResolver:
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
-                raise SecretError(SECRET_MALFORMED, reference, "not UTF-8 text") from None
+                raise SecretError(Code.SECRET_MALFORMED, reference, "not UTF-8 text") from None
         if len(data) > max_len:
-            raise SecretError(SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
+            raise SecretError(Code.SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
         if text.endswith("\r\n"):
             text = text[:-2]
         elif text.endswith("\n"):
             text = text[:-1]
         if not text:
-            raise SecretError(SECRET_MALFORMED, reference, "empty")
+            raise SecretError(Code.SECRET_MALFORMED, reference, "empty")
         return text
 
     def read_jwk(self, ref: SecretRef | str) -> dict[str, Any]:
@@ -197,7 +193,7 @@ class SecretResolver:
         try:
             jwk = json.loads(text)
         except ValueError:
-            raise SecretError(SECRET_MALFORMED, reference, "not a JSON document") from None
+            raise SecretError(Code.SECRET_MALFORMED, reference, "not a JSON document") from None
         _check_private_jwk(reference, jwk)
         return dict(jwk)
 
@@ -206,24 +202,24 @@ class SecretResolver:
     def _env_value(self, reference: SecretRef) -> str:
         if not self._environment:
             raise SecretError(
-                SECRET_UNREADABLE, reference, "secretProviders.environment is not configured"
+                Code.SECRET_UNREADABLE, reference, "secretProviders.environment is not configured"
             )
         environ = os.environ if self._environ is None else self._environ
         value = environ.get(reference.name)
         if value is None:
-            raise SecretError(SECRET_UNREADABLE, reference, "environment variable is not set")
+            raise SecretError(Code.SECRET_UNREADABLE, reference, "environment variable is not set")
         return value
 
     def _read_file(self, reference: SecretRef, max_len: int) -> bytes:
         if self._file_root is None:
             raise SecretError(
-                SECRET_UNREADABLE, reference, "secretProviders.file is not configured"
+                Code.SECRET_UNREADABLE, reference, "secretProviders.file is not configured"
             )
         try:
             root_fd = os.open(self._file_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise SecretError(
-                SECRET_UNREADABLE, reference, f"secret root cannot be opened ({_why(exc)})"
+                Code.SECRET_UNREADABLE, reference, f"secret root cannot be opened ({_why(exc)})"
             ) from None
         try:
             # O_NONBLOCK keeps a FIFO planted under the root from blocking the open; the
@@ -233,8 +229,10 @@ class SecretResolver:
                 fd = os.open(reference.name, flags, dir_fd=root_fd)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
-                    raise SecretError(SECRET_UNREADABLE, reference, "is a symbolic link") from None
-                raise SecretError(SECRET_UNREADABLE, reference, _why(exc)) from None
+                    raise SecretError(
+                        Code.SECRET_UNREADABLE, reference, "is a symbolic link"
+                    ) from None
+                raise SecretError(Code.SECRET_UNREADABLE, reference, _why(exc)) from None
         finally:
             os.close(root_fd)
         try:
@@ -246,14 +244,14 @@ class SecretResolver:
 
     def _check_file(self, reference: SecretRef, info: os.stat_result) -> None:
         if not stat.S_ISREG(info.st_mode):
-            raise SecretError(SECRET_UNREADABLE, reference, "is not a regular file")
+            raise SecretError(Code.SECRET_UNREADABLE, reference, "is not a regular file")
         if info.st_uid != self._expected_uid:
             raise SecretError(
-                SECRET_INSECURE, reference, "is not owned by the user the coordinator runs as"
+                Code.SECRET_INSECURE, reference, "is not owned by the user the coordinator runs as"
             )
         if info.st_mode & 0o077:
             raise SecretError(
-                SECRET_INSECURE,
+                Code.SECRET_INSECURE,
                 reference,
                 f"mode {stat.S_IMODE(info.st_mode):04o} grants group or others access; "
                 "use 0600 or stricter",
@@ -285,7 +283,7 @@ def _read_fd(reference: SecretRef, fd: int, max_len: int) -> bytes:
         chunks.append(chunk)
         total += len(chunk)
         if total > max_len:
-            raise SecretError(SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
+            raise SecretError(Code.SECRET_MALFORMED, reference, f"longer than {max_len} bytes")
     return b"".join(chunks)
 
 
@@ -294,13 +292,13 @@ def _decode_base64(reference: SecretRef, value: str) -> bytes:
         return base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
         raise SecretError(
-            SECRET_MALFORMED, reference, "a binary secret in the environment must be base64"
+            Code.SECRET_MALFORMED, reference, "a binary secret in the environment must be base64"
         ) from None
 
 
 def _check_private_jwk(reference: SecretRef, jwk: object) -> None:
     def refuse(reason: str) -> SecretError:
-        return SecretError(SECRET_MALFORMED, reference, reason)
+        return SecretError(Code.SECRET_MALFORMED, reference, reason)
 
     if not isinstance(jwk, dict):
         raise refuse("a JWK must be a JSON object")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.runtime import Store
@@ -55,6 +56,6 @@ async def refuse_changed_activation(store: Store) -> None:
         and int(row["activation_serial"]) != activation.serial
     ):
         raise CoordinatorError(
-            "deployment.activation-changed",
+            Code.DEPLOYMENT_ACTIVATION_CHANGED,
             "an apply changed the active packages after this service started; restart it",
         )

@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from core import clock
 from core.errors import CoordinatorError
+from core.payloads import transaction
 from core.runtime import Store
-from dispatcher.context import Claimed, DispatchSettings, transaction
+from dispatcher.settings import DispatchSettings
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -29,6 +30,40 @@ LISTEN_RETRY_SECONDS = 1.0
 # Something is due but another dispatcher is still committing its claim of it: look again
 # soon, but not in a tight loop.
 BUSY_FLOOR_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A step this dispatcher holds the lease of (one ``dispatcher_claim`` row)."""
+
+    run_id: str
+    step_id: str
+    seq: int
+    step_type: str
+    state: str
+    attempts: int
+    command_payload_id: int | None
+    command_key: str | None
+    past_deadline: bool
+    lease_epoch: int | None = None
+    """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Claimed:
+        """The claimed step of a ``dispatcher_claim`` row."""
+        payload_id = row["command_payload_id"]
+        return cls(
+            run_id=str(row["run_id"]),
+            step_id=str(row["step_id"]),
+            seq=int(row["seq"]),
+            step_type=str(row["step_type"]),
+            state=str(row["state"]),
+            attempts=int(row["attempts"]),
+            command_payload_id=None if payload_id is None else int(payload_id),
+            command_key=None if row["command_key"] is None else str(row["command_key"]),
+            past_deadline=bool(row["past_deadline"]),
+            lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
+        )
 
 
 @dataclass(frozen=True)

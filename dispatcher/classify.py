@@ -19,7 +19,6 @@ quote a body, since a product's answer may carry personal data.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections.abc import Callable
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
+
+from core.canonical import parse_json
 
 ACCEPTED: Final = "accepted"
 RETRYABLE: Final = "retryable"
@@ -61,7 +62,7 @@ class Classified:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return parse_json(body)
     except (UnicodeDecodeError, ValueError):
         return None
 

@@ -5,7 +5,7 @@ steps as there are free slots (at most ``concurrency`` in flight), start one tas
 then sleep until notified (``LISTEN``), until a task finishes, or until the next due instant
 the database reported — whichever comes first.
 
-A step of a run being cancelled that the cancel abandoned (see :mod:`dispatcher.settle`)
+A step of a run being cancelled that the cancel abandoned (see :mod:`dispatcher.tx`)
 and that comes to be claimed anyway — recovery ends the unleased ones itself, so only a
 claim racing the cancel gets here — is ended ``cancelled`` before its executor runs:
 nothing is sent, read or decided for it.
@@ -28,17 +28,23 @@ from collections.abc import Callable
 import asyncpg
 import httpx
 
+from core.codes import Code
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
+from core.payloads import transaction
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
-from dispatcher.claim import Claimer, Listener
-from dispatcher.context import Claimed, DispatchSettings, WorkflowCache, load_run, transaction
+from core.workflow.stored import WorkflowCache
+from dispatcher.claim import Claimed, Claimer, Listener
+from dispatcher.crash_points import CrashPoints, NoCrash
 from dispatcher.metrics import DispatchMetrics
-from dispatcher.settle import Settler, Tx
+from dispatcher.run_view import load_run
+from dispatcher.settings import DispatchSettings
+from dispatcher.settle import Settler
 from dispatcher.steps import call, choose, finish, wait_for, wait_until
 from dispatcher.steps.base import WORKING, Flight, StepEnv
+from dispatcher.tx import Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -77,6 +83,7 @@ class Dispatcher:
         metrics: DispatchMetrics | None = None,
         owner: str | None = None,
         jitter: Callable[[], float] = random.random,
+        crash_points: CrashPoints | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or DispatchSettings()
@@ -98,6 +105,7 @@ class Dispatcher:
             http=http,
             stopping=lambda: self.stopping,
             jitter=jitter,
+            crash_points=crash_points or NoCrash(),
         )
         self.stopping = False
         self.executed = 0
@@ -117,6 +125,7 @@ class Dispatcher:
         settings: DispatchSettings | None = None,
         metrics: DispatchMetrics | None = None,
         owner: str | None = None,
+        crash_points: CrashPoints | None = None,
     ) -> Dispatcher:
         """A dispatcher for the store's runtime file: its keys and connections."""
         runtime = store.runtime
@@ -130,6 +139,7 @@ class Dispatcher:
             settings=settings,
             metrics=metrics,
             owner=owner,
+            crash_points=crash_points,
         )
 
     @property
@@ -174,7 +184,7 @@ class Dispatcher:
             wake = await self.claimer.next_wake()
             return wake.delay(self.claimer.idle_cap())
         except CoordinatorError as exc:
-            if exc.code != "service.unavailable":
+            if exc.code != Code.SERVICE_UNAVAILABLE:
                 raise
             return STORE_WAIT_SECONDS
         except asyncpg.PostgresError as exc:

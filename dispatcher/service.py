@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 import grpc
 
@@ -21,9 +22,10 @@ from core.rpc.errors import refusals
 from core.rpc.transport import server
 from core.runtime import Runtime, Store
 from core.store_health import store_health
-from dispatcher.context import DispatchSettings
+from dispatcher.crash_points import crash_points_from
 from dispatcher.engine import Dispatcher, product_client
 from dispatcher.metrics import DispatchMetrics
+from dispatcher.settings import DispatchSettings
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -72,7 +74,14 @@ async def serve(
             # health checks if started by hand.
             await grpc_server.wait_for_termination()
             return
-        dispatcher = Dispatcher.from_store(store, http, settings=settings, metrics=metrics)
+        dispatcher = Dispatcher.from_store(
+            store,
+            http,
+            settings=settings,
+            metrics=metrics,
+            # Read once here, never on the send path: only the kill -9 tests set it.
+            crash_points=crash_points_from(os.environ),
+        )
         await dispatcher.run()
     finally:
         with contextlib.suppress(Exception):

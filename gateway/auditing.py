@@ -15,10 +15,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Final
 
+from core.codes import Code
 from core.errors import CoordinatorError
-from core.problems import CATALOGUE
 from gateway.auth import VerifiedToken
-from gateway.backend import AUDIT_UNAVAILABLE, AuditRecord, Backend
+from gateway.backend import AuditRecord, Backend
 
 log = logging.getLogger("coordinator.gateway")
 
@@ -27,10 +27,10 @@ FAILED: Final = "failed"
 
 # Outcome words by problem code where the status alone says too little.
 _BY_CODE: Final = {
-    "authorization.refused": "refused",
-    "authentication.refused": "refused",
-    "run.not-found": "not-found",
-    "workflow.not-found": "not-found",
+    Code.AUTHORIZATION_REFUSED: "refused",
+    Code.AUTHENTICATION_REFUSED: "refused",
+    Code.RUN_NOT_FOUND: "not-found",
+    Code.WORKFLOW_NOT_FOUND: "not-found",
 }
 _BY_STATUS: Final = {
     400: "invalid",
@@ -42,14 +42,13 @@ _BY_STATUS: Final = {
 }
 
 
-def outcome_for(code: str) -> str:
+def outcome_for(code: Code) -> str:
     """The short outcome word an audit record gets for a refusal with ``code``."""
     if code in _BY_CODE:
         return _BY_CODE[code]
-    problem = CATALOGUE.get(code)
-    if problem is None:
+    if code.status is None:
         return FAILED
-    return _BY_STATUS.get(problem.status, FAILED)
+    return _BY_STATUS.get(code.status, FAILED)
 
 
 @dataclass
@@ -65,7 +64,9 @@ class AuditUnavailable(CoordinatorError):
     """503 ``audit.response-unavailable``."""
 
     def __init__(self) -> None:
-        super().__init__(AUDIT_UNAVAILABLE, "the result could not be recorded in the audit journal")
+        super().__init__(
+            Code.AUDIT_RESPONSE_UNAVAILABLE, "the result could not be recorded in the audit journal"
+        )
 
 
 async def append(

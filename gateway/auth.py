@@ -38,15 +38,14 @@ import httpx
 import jwt
 from jwt.api_jws import PyJWS
 
+from core.codes import Code
 from core.errors import CoordinatorError
-from core.secrets import SECRET_MALFORMED, SecretError
+from core.secrets import SecretError
 
 if TYPE_CHECKING:
     from core.config.model import Authentication
     from core.secrets import SecretResolver
 
-AUTHENTICATION_REFUSED: Final = "authentication.refused"
-SERVICE_UNAVAILABLE: Final = "service.unavailable"
 WWW_AUTHENTICATE: Final = 'Bearer error="invalid_token"'
 """The ``WWW-Authenticate`` value of every 401 the gateway answers for a token."""
 
@@ -70,7 +69,7 @@ class AuthenticationRefused(CoordinatorError):
     """401 ``authentication.refused``; ``reason`` is for logs only, never for the caller."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(AUTHENTICATION_REFUSED, _GENERIC_DETAIL)
+        super().__init__(Code.AUTHENTICATION_REFUSED, _GENERIC_DETAIL)
         self.reason = reason
 
 
@@ -78,7 +77,7 @@ class VerifierUnavailable(CoordinatorError):
     """503 ``service.unavailable``: the issuer's keys could not be obtained."""
 
     def __init__(self) -> None:
-        super().__init__(SERVICE_UNAVAILABLE, "the access token verifier has no issuer keys")
+        super().__init__(Code.SERVICE_UNAVAILABLE, "the access token verifier has no issuer keys")
 
 
 class JwksUnavailable(Exception):
@@ -172,7 +171,7 @@ def jwks_source_for(
             return StaticJwksSource(text)
         except JwksUnavailable as exc:
             raise SecretError(
-                SECRET_MALFORMED, keys.jwks_ref, f"not a usable JWKS document ({exc})"
+                Code.SECRET_MALFORMED, keys.jwks_ref, f"not a usable JWKS document ({exc})"
             ) from None
     if keys.jwks_url is None:
         raise ValueError("signingKeys names neither jwksUrl nor jwksRef")

@@ -19,10 +19,12 @@ from typing import Any, Final, Protocol, cast
 
 import grpc
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
+from core.runs import StartResult
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -31,7 +33,6 @@ HEALTH_COMPONENTS: Final = ("admission", "dispatcher", "recovery", "auditd")
 RECOVERY_ONLY_COMPONENTS: Final = ("recovery", "auditd")
 CHECK_DEADLINE_SECONDS: Final = 2.0
 METRICS_DEADLINE_SECONDS: Final = 5.0
-AUDIT_UNAVAILABLE: Final = "audit.response-unavailable"
 
 _REASON_WORD = re.compile(r"[a-z][a-z0-9.-]{0,63}")
 
@@ -51,18 +52,6 @@ class BackendCaller:
     """Verified ``client_id``."""
     operator: bool
     """True when the caller's policy has ``operator: true``."""
-
-
-@dataclass(frozen=True)
-class StartResult:
-    """What a start answered."""
-
-    created: bool
-    """True when this request created the run (HTTP 201)."""
-    run_id: str
-    """The run's id."""
-    status: Document
-    """The run's status document (CONTRACT §8.3)."""
 
 
 @dataclass(frozen=True)
@@ -175,15 +164,25 @@ class Backend(Protocol):
         ...
 
 
-def _document(text: str, component: str) -> Document:
+def parse_document(text: str, component: str) -> Document:
+    """The document a component answered as JSON text; anything else is ``internal``."""
     try:
         value = json.loads(text)
     except ValueError:
         value = None
     if not isinstance(value, dict):
         # A component broke the interface: an internal failure, not the caller's doing.
-        raise CoordinatorError("internal", f"the {component} component sent no JSON document")
+        raise CoordinatorError(Code.INTERNAL, f"the {component} component sent no JSON document")
     return value
+
+
+def start_result(reply: pb.StartReply) -> StartResult:
+    """What admission's ``Start`` or ``StartFromEvent`` answered."""
+    return StartResult(
+        created=reply.created,
+        run_id=reply.run_id,
+        status=parse_document(reply.status_json, "admission"),
+    )
 
 
 def _proto_caller(caller: BackendCaller) -> pb.Caller:
@@ -264,7 +263,7 @@ class GrpcBackend:
         self, caller: BackendCaller, workflow_id: str, idempotency_key: str, input_json: str
     ) -> StartResult:
         if self._recovery_only:
-            raise CoordinatorError("admission.recovery-only", "this instance admits no runs")
+            raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
         request = pb.StartRequest(
             caller=_proto_caller(caller),
             workflow_id=workflow_id,
@@ -272,23 +271,19 @@ class GrpcBackend:
             input_json=input_json,
         )
         reply = await call("admission", self._admission().Start, request, timeout=self._timeout)
-        return StartResult(
-            created=reply.created,
-            run_id=reply.run_id,
-            status=_document(reply.status_json, "admission"),
-        )
+        return start_result(reply)
 
     async def status(self, run_id: str) -> Document:
         reply = await call(
             "recovery", self._recovery().Status, pb.RunRef(run_id=run_id), timeout=self._timeout
         )
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def inspect(self, run_id: str) -> Document:
         reply = await call(
             "recovery", self._recovery().Inspect, pb.RunRef(run_id=run_id), timeout=self._timeout
         )
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def list(self, query: ListQuery) -> Document:
         iss, sub = query.principal or ("", "")
@@ -304,11 +299,11 @@ class GrpcBackend:
             principal_sub=sub,
         )
         reply = await call("recovery", self._recovery().List, request, timeout=self._timeout)
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def doctor(self) -> Document:
         reply = await call("recovery", self._recovery().Doctor, pb.Empty(), timeout=self._timeout)
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def run_owner(self, run_id: str) -> RunOwner | None:
         reply = await call(
@@ -328,7 +323,7 @@ class GrpcBackend:
             caller=_proto_caller(caller), run_id=run_id, action=action, reason=reason
         )
         reply = await call("recovery", self._recovery().RunAction, request, timeout=self._timeout)
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def operator_action(
         self, caller: BackendCaller, action: str, body: Mapping[str, Any]
@@ -341,7 +336,7 @@ class GrpcBackend:
         reply = await call(
             "recovery", self._recovery().OperatorAction, request, timeout=self._timeout
         )
-        return _document(reply.json, "recovery")
+        return parse_document(reply.json, "recovery")
 
     async def append_audit(self, records: Sequence[AuditRecord]) -> None:
         request = pb.AppendRequest(records=[_proto_record(record) for record in records])
@@ -350,7 +345,8 @@ class GrpcBackend:
         except CoordinatorError as exc:
             # Whatever kept the journal from taking the record, the answer is the same.
             raise CoordinatorError(
-                AUDIT_UNAVAILABLE, "the result could not be recorded in the audit journal"
+                Code.AUDIT_RESPONSE_UNAVAILABLE,
+                "the result could not be recorded in the audit journal",
             ) from exc
 
     def _stub(self, component: str) -> Any:

@@ -16,30 +16,29 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 
+from core.clock import parse_offset_instant
+from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    MAX_RETAIN_LIMIT,
+    REFERENCE,
+    RUN_STATES,
+    check_idempotency_key,
+)
+from core.workflow.jsonvalue import pointer_token
 
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_JSON_DEPTH: Final = 32
-DEFAULT_LIST_LIMIT: Final = 20
-MAX_LIST_LIMIT: Final = 100
-MAX_RETAIN_LIMIT: Final = 100
-RUN_STATES: Final = ("running", "waiting", "held", "succeeded", "failed", "cancelled")
 
-REASON_PATTERN: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
-"""An investigation reference (``reason``, ``recoveryReference``)."""
-IDEMPOTENCY_KEY_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,255}")
 WORKFLOW_ID_PATTERN: Final = re.compile(r"[a-z][a-z0-9-]{0,62}")
-RUN_ID_PATTERN: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 CURSOR_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,512}")
-_RFC3339 = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
-)
 _LIMIT_DIGITS = re.compile(r"[0-9]{1,3}")
 _REASON_RULE = "must be 1-128 characters of letters, digits and . _ : / -"
 
@@ -48,18 +47,18 @@ class RequestInvalid(CoordinatorError):
     """400 ``request.invalid``."""
 
     def __init__(self, detail: str) -> None:
-        super().__init__("request.invalid", detail)
+        super().__init__(Code.REQUEST_INVALID, detail)
 
 
 class RequestTooLarge(CoordinatorError):
     """413 ``request.too-large``."""
 
     def __init__(self) -> None:
-        super().__init__("request.too-large", f"the body exceeds {MAX_BODY_BYTES} bytes")
+        super().__init__(Code.REQUEST_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes")
 
 
 def _pointer(key: str) -> str:
-    return "/" + key.replace("~", "~0").replace("/", "~1")
+    return "/" + pointer_token(key)
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -153,7 +152,7 @@ def exact_members(body: Mapping[str, Any], required: tuple[str, ...]) -> None:
 def reference(body: Mapping[str, Any], key: str) -> str:
     """An investigation reference member (``reason``, ``recoveryReference``)."""
     value = body.get(key)
-    if not isinstance(value, str) or not REASON_PATTERN.fullmatch(value):
+    if not isinstance(value, str) or not REFERENCE.fullmatch(value):
         raise RequestInvalid(f"{_pointer(key)}: {_REASON_RULE}")
     return value
 
@@ -176,14 +175,14 @@ def bounded_int(body: Mapping[str, Any], key: str, low: int, high: int) -> int:
 def instant(body: Mapping[str, Any], key: str) -> str:
     """An RFC 3339 date-time member with an offset, returned as sent."""
     value = body.get(key)
-    if isinstance(value, str) and _RFC3339.fullmatch(value):
-        try:
-            datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            return value
+    if isinstance(value, str) and parse_offset_instant(value) is not None:
+        return value
     raise RequestInvalid(f"{_pointer(key)}: must be an RFC 3339 date-time with an offset")
+
+
+def json_text(value: Any) -> str:
+    """A parsed JSON value as the compact text a component receives."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def start_input(body: Mapping[str, Any]) -> str:
@@ -192,7 +191,7 @@ def start_input(body: Mapping[str, Any]) -> str:
     value = body["input"]
     if not isinstance(value, dict):
         raise RequestInvalid("/input: must be a JSON object")
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return json_text(value)
 
 
 def idempotency_key(headers: Headers) -> str:
@@ -200,8 +199,7 @@ def idempotency_key(headers: Headers) -> str:
     values = headers.getlist("idempotency-key")
     if len(values) != 1:
         raise RequestInvalid("Idempotency-Key: exactly one header is required")
-    if not IDEMPOTENCY_KEY_PATTERN.fullmatch(values[0]):
-        raise RequestInvalid("Idempotency-Key: must be 1-255 visible ASCII characters")
+    check_idempotency_key(values[0])
     return values[0]
 
 

@@ -22,25 +22,26 @@ reference, never its content) and that connection accepts no event until it can.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Final, cast
 
 import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
+from core.codes import Code
 from core.config.model import CASEWORK, RuntimeConfig
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
+from core.runs import StartResult
 from core.secrets import SecretResolver
 from gateway import bodies
 from gateway.auditing import AuditUnavailable
-from gateway.backend import AuditRecord, Backend, StartResult
+from gateway.backend import AuditRecord, Backend, start_result
 from gateway.routes import GatewayContext
 
 log = logging.getLogger("coordinator.gateway")
@@ -92,7 +93,7 @@ def load_credentials(
 
 
 def _refused() -> CoordinatorError:
-    return CoordinatorError("authentication.refused", "the completion is not accepted")
+    return CoordinatorError(Code.AUTHENTICATION_REFUSED, "the completion is not accepted")
 
 
 def _single(request: Request, name: str) -> str | None:
@@ -170,7 +171,7 @@ class CompletionHandler:
             # Nothing here wakes runs; Casework retries a 503 until the ordinary
             # instance is back.
             raise CoordinatorError(
-                "service.unavailable", "this instance takes no completion events"
+                Code.SERVICE_UNAVAILABLE, "this instance takes no completion events"
             )
         await self.wake(connection, review_id)
         await audit(
@@ -178,17 +179,6 @@ class CompletionHandler:
             AuditRecord(action=AUDIT_ACTION, outcome="ok", principal=None, client_id=None),
         )
         return Response(status_code=202)
-
-
-def _document(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        # The component broke the interface: an internal failure, not the caller's doing.
-        raise CoordinatorError("internal", "the admission component sent no JSON document")
-    return value
 
 
 class AdmissionProducers:
@@ -211,9 +201,7 @@ class AdmissionProducers:
         """``StartFromEvent``: start (or find again) the run of a verified event."""
         request = pb.EventRequest(source_key=source_key, event_id=event_id, data_json=data_json)
         reply = await call("admission", self._stub.StartFromEvent, request, timeout=self._timeout)
-        return StartResult(
-            created=reply.created, run_id=reply.run_id, status=_document(reply.status_json)
-        )
+        return start_result(reply)
 
     async def close(self) -> None:
         """Close the channel."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,12 +33,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core import clock
+from core.callers import EVENT_ISSUER
+from core.codes import Code
 from core.config.model import RuntimeConfig
 from core.errors import CoordinatorError
+from core.runs import StartResult
 from core.secrets import SecretResolver
 from gateway import bodies
 from gateway.auditing import FAILED, OK, outcome_for
-from gateway.backend import AuditRecord, StartResult
+from gateway.backend import AuditRecord
 from gateway.completions import audit
 from gateway.routes import GatewayContext
 
@@ -48,7 +50,6 @@ log = logging.getLogger("coordinator.gateway")
 SIGNATURE_HEADER: Final = "registry-event-signature"
 TOLERANCE_SECONDS: Final = 300
 MIN_KEY_BYTES: Final = 32
-EVENT_ISSUER: Final = "event-source"
 AUDIT_ACTION: Final = "event-start"
 SPEC_VERSION: Final = "1.0"
 
@@ -143,7 +144,7 @@ def fresh(signature: Signature, now: float) -> bool:
 
 
 def _refused() -> CoordinatorError:
-    return CoordinatorError("authentication.refused", "the event is not accepted")
+    return CoordinatorError(Code.AUTHENTICATION_REFUSED, "the event is not accepted")
 
 
 def authenticate(
@@ -184,10 +185,7 @@ def event_of(document: Mapping[str, Any]) -> Event:
         raise bodies.RequestInvalid("/time: must be a string")
     if "data" not in document:
         raise bodies.RequestInvalid("/data: required")
-    data_json = json.dumps(
-        document["data"], ensure_ascii=False, separators=(",", ":"), allow_nan=False
-    )
-    return Event(id=str(document["id"]), data_json=data_json)
+    return Event(id=str(document["id"]), data_json=bodies.json_text(document["data"]))
 
 
 class EventHandler:
@@ -220,7 +218,7 @@ class EventHandler:
         try:
             event = event_of(document)
             if self.recovery_only:
-                raise CoordinatorError("admission.recovery-only", "this instance admits no runs")
+                raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
             result = await self.start(source.name, event.id, event.data_json)
             run_id = result.run_id
         except CoordinatorError as exc:

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
+from core.callers import Caller
+from core.codes import Code
 from core.config.model import DEPLOYMENT_ACTIONS, RUN_ACTIONS, Policy
 from core.errors import CoordinatorError
-
-AUTHORIZATION_REFUSED: Final = "authorization.refused"
-RUN_NOT_FOUND: Final = "run.not-found"
 
 LIST_ACTION: Final = "inspect"
 """The action ``GET /v1/runs`` needs."""
@@ -40,7 +39,7 @@ class AuthorizationRefused(CoordinatorError):
         # which workflow a run of another scope belongs to.
         scope = " for this workflow" if workflow_id is not None else ""
         super().__init__(
-            AUTHORIZATION_REFUSED, f"the client's policy does not allow {action}{scope}"
+            Code.AUTHORIZATION_REFUSED, f"the client's policy does not allow {action}{scope}"
         )
         self.action = action
         self.workflow_id = workflow_id
@@ -50,20 +49,7 @@ class RunNotFound(CoordinatorError):
     """404 ``run.not-found``: the same answer for a missing run and someone else's run."""
 
     def __init__(self) -> None:
-        super().__init__(RUN_NOT_FOUND, "no such run")
-
-
-class Caller(Protocol):
-    """A verified caller (``gateway.auth.VerifiedToken`` is one)."""
-
-    @property
-    def iss(self) -> str: ...
-
-    @property
-    def sub(self) -> str: ...
-
-    @property
-    def client_id(self) -> str: ...
+        super().__init__(Code.RUN_NOT_FOUND, "no such run")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """RFC 9457 problem documents for every refusal the gateway answers (CONTRACT §8).
 
 One handler turns the domain error root, :class:`core.errors.CoordinatorError`, into
-``application/problem+json`` using the catalogue in :mod:`core.problems`. Starlette's own
-404/405 become the catalogued ``not-found`` / ``method-not-allowed``. A code the catalogue
-does not know (for example ``internal``, which :func:`core.rpc.errors.rebuild` gives for an
-unexpected gRPC failure) is answered like any unexpected error: a bare 500 whose only
-particular is a correlation id, with the cause written to the server's log under that id.
+``application/problem+json`` using its :class:`core.codes.Code`'s status and title.
+Starlette's own 404/405 become ``not-found`` / ``method-not-allowed``. ``internal`` (which
+:func:`core.rpc.errors.rebuild` gives for an unexpected gRPC failure) and a code with no HTTP
+status are answered like any unexpected error: a bare 500 whose only particular is a
+correlation id, with the cause written to the server's log under that id.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from core.codes import Code
 from core.errors import CoordinatorError
-from core.problems import CATALOGUE, PROBLEM_BASE
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
-INTERNAL_CODE: Final = "internal"
-INTERNAL_TITLE: Final = "The service failed unexpectedly"
 WWW_AUTHENTICATE: Final = 'Bearer error="invalid_token"'
 
 # Members a problem always carries; an error's ``extra`` can never overwrite them.
@@ -54,20 +52,21 @@ def instance_for(path: str, public_url: str | None) -> str:
 
 
 def problem_document(
-    code: str,
+    code: Code,
     detail: str,
     *,
     instance: str | None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The problem members for a catalogued ``code``."""
-    problem = CATALOGUE[code]
+    """The problem members for ``code``, which must have an HTTP status."""
+    if code.status is None:
+        raise ValueError(f"{code} is not an HTTP problem code")
     document: dict[str, Any] = {
-        "type": problem.type_uri,
-        "title": problem.title,
-        "status": problem.status,
+        "type": code.type_uri,
+        "title": code.info.title,
+        "status": code.status,
         "detail": detail,
-        "code": code,
+        "code": code.value,
     }
     if instance is not None:
         document["instance"] = instance
@@ -78,17 +77,17 @@ def problem_document(
 
 
 def problem_response(
-    code: str,
+    code: Code,
     detail: str,
     *,
     instance: str | None,
     extra: Mapping[str, Any] | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Response:
-    """An ``application/problem+json`` response for a catalogued ``code``."""
+    """An ``application/problem+json`` response for ``code``, which must have an HTTP status."""
     document = problem_document(code, detail, instance=instance, extra=extra)
     merged = dict(headers or {})
-    if code == "authentication.refused":
+    if code is Code.AUTHENTICATION_REFUSED:
         merged["WWW-Authenticate"] = WWW_AUTHENTICATE
     return JsonProblemResponse(document, status_code=document["status"], headers=merged)
 
@@ -96,11 +95,11 @@ def problem_response(
 def internal_response(correlation: str, *, instance: str | None) -> Response:
     """The bare 500 problem: nothing about the cause, only the id that finds the log line."""
     document = {
-        "type": PROBLEM_BASE + INTERNAL_CODE,
-        "title": INTERNAL_TITLE,
-        "status": 500,
+        "type": Code.INTERNAL.type_uri,
+        "title": Code.INTERNAL.info.title,
+        "status": Code.INTERNAL.status,
         "detail": "the request could not be completed; quote the correlation id to the operator",
-        "code": INTERNAL_CODE,
+        "code": Code.INTERNAL.value,
         "correlationId": correlation,
     }
     if instance is not None:
@@ -114,12 +113,15 @@ def _instance(request: Request) -> str:
 
 
 def error_response(error: CoordinatorError, instance: str | None) -> Response:
-    """The response for a domain error; uncatalogued codes become a logged 500."""
-    if error.code not in CATALOGUE or error.code == INTERNAL_CODE:
+    """The response for a domain error; ``internal`` and non-HTTP codes become a logged 500."""
+    if error.code.status is None or error.code is Code.INTERNAL:
         correlation = correlation_id()
         # The code and detail come from our own components, never from the caller.
         log.error(
-            "uncatalogued refusal %s (%s) [correlation %s]", error.code, error.detail, correlation
+            "refusal %s (%s) answered as internal [correlation %s]",
+            error.code,
+            error.detail,
+            correlation,
         )
         return internal_response(correlation, instance=instance)
     return problem_response(error.code, error.detail, instance=instance, extra=error.extra)
@@ -138,17 +140,17 @@ async def http_exception_handler(request: Request, exc: Exception) -> Response:
         raise exc
     instance = _instance(request)
     if exc.status_code == 404:
-        return problem_response("not-found", "no route matches this path", instance=instance)
+        return problem_response(Code.NOT_FOUND, "no route matches this path", instance=instance)
     if exc.status_code == 405:
         allow = (exc.headers or {}).get("Allow")
         return problem_response(
-            "method-not-allowed",
+            Code.METHOD_NOT_ALLOWED,
             "this route does not accept the request's method",
             instance=instance,
             headers={"Allow": allow} if allow else None,
         )
     if exc.status_code == 400:
-        return problem_response("request.invalid", "the request is malformed", instance=instance)
+        return problem_response(Code.REQUEST_INVALID, "the request is malformed", instance=instance)
     correlation = correlation_id()
     log.error("unexpected HTTP %s from the router [correlation %s]", exc.status_code, correlation)
     return internal_response(correlation, instance=instance)

@@ -10,6 +10,7 @@ audit record before the answer leaves.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from core.codes import Code
 from core.config.model import Policy
 from core.errors import CoordinatorError
 from gateway import bodies
@@ -35,13 +37,10 @@ Hook = Callable[[Request, "GatewayContext"], Awaitable[Response]]
 """A handler for the unauthenticated producer routes (review completions, signed events)."""
 
 RUN_ACTIONS: Final = ("reconcile", "retry-same", "cancel")
-OPERATOR_ACTIONS: Final = (
-    "restore-hold",
-    "complete-execution-recovery",
-    "release-restore-hold",
-    "release-admission-hold",
-    "retain",
-)
+UUID_TEXT: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""What a run id in a path must look like to be looked up (and audited); anything else is a
+missing run at once. Looser than :func:`core.derive.is_run_id` on purpose: the audit record
+keeps any well-formed UUID an operator asked about."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ async def _authorize_run(
     ctx: GatewayContext, token: VerifiedToken, action: str, run_id: str, note: AuditNote
 ) -> None:
     # A string that cannot be a run id is a missing run; it never reaches the components.
-    if bodies.RUN_ID_PATTERN.fullmatch(run_id):
+    if UUID_TEXT.fullmatch(run_id):
         note.run_id = run_id
         owner = await ctx.backend.run_owner(run_id)
     else:
@@ -126,7 +125,7 @@ async def review_completions(request: Request) -> Response:
     """``POST /v1/review-completions``: refused until a completion handler is installed."""
     ctx = context(request)
     if ctx.completions is None:
-        raise CoordinatorError("authentication.refused", "the completion is not accepted")
+        raise CoordinatorError(Code.AUTHENTICATION_REFUSED, "the completion is not accepted")
     return await ctx.completions(request, ctx)
 
 
@@ -134,7 +133,7 @@ async def events(request: Request) -> Response:
     """``POST /v1/events``: refused until an event handler is installed."""
     ctx = context(request)
     if ctx.events is None:
-        raise CoordinatorError("authentication.refused", "the event is not accepted")
+        raise CoordinatorError(Code.AUTHENTICATION_REFUSED, "the event is not accepted")
     return await ctx.events(request, ctx)
 
 
@@ -272,9 +271,10 @@ def main_routes() -> list[Route]:
         for action in RUN_ACTIONS
     ]
     routes.append(Route("/v1/operator/doctor", doctor, methods=["GET"]))
+    # Every deployment-wide action but doctor takes a body, so its validator names it.
     routes += [
         Route(f"/v1/operator/{action}", _operator_action(action), methods=["POST"])
-        for action in OPERATOR_ACTIONS
+        for action in bodies.OPERATOR_BODIES
     ]
     routes += [
         Route("/v1/review-completions", review_completions, methods=["POST"]),

@@ -24,6 +24,7 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
+from core.codes import Code
 from core.config.model import BindAddress
 from core.errors import CoordinatorError
 from core.runtime import Runtime
@@ -57,7 +58,9 @@ def bind_socket(bind: BindAddress) -> socket.socket:
         sock = socket.create_server((host, bind.port), family=family, backlog=1024)
     except OSError as exc:
         name = errno.errorcode.get(exc.errno or 0, "error")
-        raise CoordinatorError("deployment.refused", f"cannot listen on {bind} ({name})") from None
+        raise CoordinatorError(
+            Code.DEPLOYMENT_REFUSED, f"cannot listen on {bind} ({name})"
+        ) from None
     sock.setblocking(False)
     return sock
 
@@ -101,7 +104,7 @@ async def serve_apps(
         failures = [result for result in results if isinstance(result, BaseException)]
         if failures:
             raise failures[0]
-        raise CoordinatorError("service.unavailable", "a gateway listener stopped by itself")
+        raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "a gateway listener stopped by itself")
 
 
 async def _fetch_keys(verifier: TokenVerifier, stopping: asyncio.Event) -> None:

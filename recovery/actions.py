@@ -9,19 +9,17 @@ with ``result``, or raises the refusal of §10 as a :class:`CoordinatorError`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
+from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import REFERENCE
 from recovery.cancel import cancel
 from recovery.env import RecoveryEnv
 from recovery.reconcile import reconcile
 from recovery.retry_same import retry_same
-
-REASON: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
-"""An investigation reference: what the operator_action table and the journal accept."""
 
 Action = Callable[[RecoveryEnv, str, str], Awaitable[dict[str, Any]]]
 
@@ -34,9 +32,11 @@ async def run_action(env: RecoveryEnv, run_id: str, action: str, reason: str) ->
     """Carry out ``action`` on ``run_id``; answers the run's status with ``result``."""
     handler = ACTIONS.get(action)
     if handler is None:
-        raise CoordinatorError("request.invalid", "action: must be reconcile, retry-same or cancel")
-    if not REASON.fullmatch(reason):
         raise CoordinatorError(
-            "request.invalid", "reason: must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -"
+            Code.REQUEST_INVALID, "action: must be reconcile, retry-same or cancel"
+        )
+    if not REFERENCE.fullmatch(reason):
+        raise CoordinatorError(
+            Code.REQUEST_INVALID, "reason: must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -"
         )
     return await handler(env, run_id, reason)

@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.workflow.model import Workflow, step_kind
 from recovery.env import RecoveryEnv
@@ -41,7 +42,7 @@ from recovery.targets import (
 
 
 def _ended() -> CoordinatorError:
-    return CoordinatorError("cancel.refused", "the run has already ended")
+    return CoordinatorError(Code.CANCEL_REFUSED, "the run has already ended")
 
 
 async def cancel(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:

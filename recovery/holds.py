@@ -26,10 +26,11 @@ from typing import Any
 
 import asyncpg
 
+from core.clock import timestamp
+from core.codes import Code
 from core.db.queries import Queries
 from core.errors import CoordinatorError
 from core.payloads import transaction
-from core.runs import timestamp
 from recovery.env import RecoveryEnv
 
 
@@ -40,12 +41,12 @@ def _holds(execution: bool, admission: bool) -> dict[str, bool]:
 async def _lock_holds(conn: asyncpg.Connection, q: Queries) -> asyncpg.Record:
     row = await conn.fetchrow(q["recovery_hold_lock"])
     if row is None:
-        raise CoordinatorError("service.unavailable", "the namespace has no hold row")
+        raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
     return row
 
 
 def _hold_required(detail: str) -> CoordinatorError:
-    return CoordinatorError("restore.hold-required", detail)
+    return CoordinatorError(Code.RESTORE_HOLD_REQUIRED, detail)
 
 
 async def _log(conn: asyncpg.Connection, q: Queries, kind: str, reference: str) -> None:
@@ -103,14 +104,14 @@ async def release_restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
         unresolved = int(await conn.fetchval(q["recovery_snapshot_unresolved"], epoch))
         if unresolved:
             raise CoordinatorError(
-                "restore.unresolved",
+                Code.RESTORE_UNRESOLVED,
                 f"{unresolved} snapshotted step(s) are still uncertain; reconcile, cancel or "
                 "leave each for retry-same before releasing",
             )
         record = await conn.fetchrow(q["recovery_record_read"], epoch)
         if record is None or record["execution_recovered_at"] is None:
             raise CoordinatorError(
-                "restore.review-required",
+                Code.RESTORE_REVIEW_REQUIRED,
                 "complete-execution-recovery has not been recorded for this hold",
             )
         await conn.execute(q["recovery_execution_release"], epoch, reason)

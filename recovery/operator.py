@@ -11,25 +11,20 @@ fault, never the value sent.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
+from core.clock import parse_offset_instant
+from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import MAX_RETAIN_LIMIT, REFERENCE
 from recovery import holds, retention
 from recovery.env import RecoveryEnv
 
-REFERENCE: Final = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
-"""An investigation reference (``reason``, ``recoveryReference``)."""
-MAX_RETAIN_LIMIT: Final = 100
-_INSTANT: Final = re.compile(
-    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
-)
-
 
 def _invalid(detail: str) -> CoordinatorError:
-    return CoordinatorError("request.invalid", detail)
+    return CoordinatorError(Code.REQUEST_INVALID, detail)
 
 
 def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -73,13 +68,9 @@ def _attested(body: Mapping[str, Any], name: str) -> None:
 
 def _instant(body: Mapping[str, Any], name: str) -> datetime:
     value = body[name]
-    if isinstance(value, str) and _INSTANT.fullmatch(value):
-        try:
-            # Digits finer than microseconds are dropped (truncated): far below what a
-            # retention cut-off can mean.
-            return datetime.fromisoformat(value.upper().replace("Z", "+00:00")).astimezone(UTC)
-        except ValueError:
-            pass
+    instant = parse_offset_instant(value) if isinstance(value, str) else None
+    if instant is not None:
+        return instant
     raise _invalid(f"/{name}: must be an RFC 3339 date-time with an offset")
 
 

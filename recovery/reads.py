@@ -15,8 +15,11 @@ from typing import Any, Final
 
 from core import clock
 from core.bindings import run_conflicts
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LIST_LIMIT,
     RUN_STATES,
     Cursor,
     Holds,
@@ -28,14 +31,11 @@ from core.runs import (
 )
 from core.runtime import Store
 
-DEFAULT_LIMIT: Final = 20
-MAX_LIMIT: Final = 100
 OPERATOR_ACTIONS_SHOWN: Final = 10
-SCHEMA_VERSION: Final = 4
 
 
 def _not_found() -> CoordinatorError:
-    return CoordinatorError("run.not-found", "no such run")
+    return CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
 
 
 @dataclass(frozen=True)
@@ -125,15 +125,15 @@ class ListFilter:
     ) -> ListFilter:
         """Check the query parameters; a bad one is ``request.invalid`` naming it."""
         if attention not in ("", "true", "false"):
-            raise CoordinatorError("request.invalid", "attention: must be true or false")
+            raise CoordinatorError(Code.REQUEST_INVALID, "attention: must be true or false")
         if state and state not in RUN_STATES:
             raise CoordinatorError(
-                "request.invalid", "state: must be one of " + ", ".join(RUN_STATES)
+                Code.REQUEST_INVALID, "state: must be one of " + ", ".join(RUN_STATES)
             )
         if limit == 0:
-            limit = DEFAULT_LIMIT
-        if not 1 <= limit <= MAX_LIMIT:
-            raise CoordinatorError("request.invalid", f"limit: must be 1 to {MAX_LIMIT}")
+            limit = DEFAULT_LIST_LIMIT
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise CoordinatorError(Code.REQUEST_INVALID, f"limit: must be 1 to {MAX_LIST_LIMIT}")
         scope = tuple(dict.fromkeys(workflows))
         if workflow_id:
             # Outside the caller's scope the answer is simply empty; the gateway already
@@ -187,7 +187,7 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
         row = await conn.fetchrow(q["recovery_doctor"])
         versions = [int(r["version"]) for r in await conn.fetch(q["state_key_versions_in_use"])]
     if row is None:
-        raise CoordinatorError("deployment.refused", "the namespace records no deployment")
+        raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "the namespace records no deployment")
     activation = store.activation
     activation_ready = activation is not None and int(row["activation_serial"]) == activation.serial
     served = activation.packages if activation is not None else {}

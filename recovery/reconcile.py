@@ -37,6 +37,7 @@ from typing import Any
 import asyncpg
 
 from core.bindings import Binding
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.payloads import build_scope, seal_json
 from core.products.receipts import EXPIRED, FOUND, UNAVAILABLE, Receipt, read_receipt, receipt_url
@@ -90,7 +91,7 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         run = await read_action_run(conn, env, run_id, refuse_erased=True)
         step = await read_held_step(conn, env, run_id, UNCERTAIN)
         if step is None:
-            raise CoordinatorError("reconcile.refused", "the run has no uncertain call")
+            raise CoordinatorError(Code.RECONCILE_REFUSED, "the run has no uncertain call")
         call = await held_call(conn, env, run, step)
         binding_row = await conn.fetchrow(
             queries["recovery_binding_read"], run_id, call.definition.connection
@@ -98,13 +99,13 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
     if not call.operation.has_receipts:
         await _leave_for_retry(env, run_id, step.step_id)
         raise CoordinatorError(
-            "reconcile.unsupported",
+            Code.RECONCILE_UNSUPPORTED,
             f"{_product(call)} keeps no receipts of {call.operation.name}; "
             "retry the same command or cancel the run",
         )
     if binding_row is None:
         raise CoordinatorError(
-            "service.unavailable",
+            Code.SERVICE_UNAVAILABLE,
             f"the run has no binding for connection '{call.definition.connection}'",
         )
 
@@ -113,20 +114,20 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
     if receipt.kind == EXPIRED:
         await _leave_for_retry(env, run_id, step.step_id)
         raise CoordinatorError(
-            "receipt.expired",
+            Code.RECEIPT_EXPIRED,
             f"{_product(call)} no longer holds receipts that old; that does not show the "
             "command was never sent, and the run stays held",
         )
     if receipt.kind == UNAVAILABLE:
         raise CoordinatorError(
-            "service.unavailable", "the product's receipt could not be read; the run stays held"
+            Code.SERVICE_UNAVAILABLE, "the product's receipt could not be read; the run stays held"
         )
 
     async def settle(conn: asyncpg.Connection) -> dict[str, Any]:
         locked = await conn.fetchrow(queries["recovery_step_lock"], run_id, step.step_id)
         if not step.unchanged(locked):
             raise CoordinatorError(
-                "reconcile.raced", "the step changed while the receipt was read; look again"
+                Code.RECONCILE_RACED, "the step changed while the receipt was read; look again"
             )
         run_row = await conn.fetchrow(queries["recovery_run_lock"], run_id)
         assert run_row is not None  # run rows are never deleted

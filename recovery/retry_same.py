@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import asyncpg
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.workflow.catalogue import DAY, connection_type
 from recovery.env import RecoveryEnv
@@ -66,7 +67,7 @@ _VERDICTS: Final = {
 
 
 def _refused(detail: str) -> CoordinatorError:
-    return CoordinatorError("retry.refused", detail)
+    return CoordinatorError(Code.RETRY_REFUSED, detail)
 
 
 def _window(seconds: int) -> str:
@@ -97,7 +98,7 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
             )
         if run.execution_hold:
             raise CoordinatorError(
-                "execution.held", "the restore hold stops execution; nothing can be resent"
+                Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
             )
         if run.ended:
             raise _refused("the run has ended")
@@ -118,7 +119,7 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
     async def make_ready(conn: asyncpg.Connection) -> int:
         if await conn.fetchval(queries["recovery_hold_share"]):
             raise CoordinatorError(
-                "execution.held", "the restore hold stops execution; nothing can be resent"
+                Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
             )
         locked = await conn.fetchrow(queries["recovery_step_lock"], run_id, step.step_id)
         if not step.unchanged(locked):

@@ -19,6 +19,7 @@ import grpc
 import httpx
 
 from core.bindings import verify_live_bindings
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
@@ -75,7 +76,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
 
     def _actions_env(self) -> RecoveryEnv:
         if self.env is None:
-            raise CoordinatorError("service.unavailable", "operator actions are not available")
+            raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "operator actions are not available")
         return self.env
 
     @refusals

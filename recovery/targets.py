@@ -20,6 +20,7 @@ import asyncpg
 
 from core import clock
 from core.bindings import refuse_run_conflict
+from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.payloads import transaction
@@ -145,11 +146,11 @@ async def read_action_run(
     """The run, after the checks every run action makes first (see the module docstring)."""
     row = await conn.fetchrow(env.store.queries["recovery_action_run"], run_id)
     if row is None:
-        raise CoordinatorError("run.not-found", "no such run")
+        raise CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
     run = ActionRun.from_row(row)
     if refuse_erased and run.erased:
         raise CoordinatorError(
-            "run.payload-erased",
+            Code.RUN_PAYLOAD_ERASED,
             "retention erased this run's payloads; its calls cannot be acted on",
         )
     await refuse_run_conflict(conn, env.store.queries, env.store.runtime.config, run_id)
@@ -178,7 +179,7 @@ async def held_call(
     # Only call steps hold a command; anything else means the stored rows disagree with
     # the stored definition, which no operator action can mend.
     raise CoordinatorError(
-        "service.unavailable", f"step {step.step_id} is not a call of the run's workflow"
+        Code.SERVICE_UNAVAILABLE, f"step {step.step_id} is not a call of the run's workflow"
     )
 
 
@@ -211,7 +212,7 @@ async def answer(
     """The run's status document with ``result``."""
     run = await read_run(conn, env.store.queries, run_id)
     if run is None:  # pragma: no cover - run rows are never deleted
-        raise CoordinatorError("run.not-found", "no such run")
+        raise CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
     document = run.status()
     document["result"] = result
     return document

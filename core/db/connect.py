@@ -22,6 +22,8 @@ from typing import Any
 
 import asyncpg
 
+from core.codes import Code
+from core.db.queries import load
 from core.errors import CoordinatorError
 
 ACCEPTED_SSLMODES = ("require", "verify-ca", "verify-full")
@@ -32,7 +34,7 @@ _KNOWN_PARAMETERS = frozenset({"sslmode", "application_name", "connect_timeout"}
 
 
 def _refuse(label: str, reason: str) -> CoordinatorError:
-    return CoordinatorError("deployment.refused", f"{label}: {reason}")
+    return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"{label}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -225,8 +227,8 @@ async def create_pool(
     server_settings: Mapping[str, str] | None = None,
     label: str = "database URL",
 ) -> asyncpg.Pool:
-    """A pool of verified TLS connections; with ``setup_role`` each new connection runs
-    ``SET ROLE`` to it once (the pool's reset on release keeps the role)."""
+    """A pool of verified TLS connections; with ``setup_role`` each new connection acts as
+    that role (``SET ROLE``) once (the pool's reset on release keeps the role)."""
     kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
     if setup_role is not None:
         kwargs["init"] = _role_setter(setup_role)
@@ -237,17 +239,15 @@ async def create_pool(
 
 
 def _role_setter(role: str) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    statement = f"SET ROLE {quote_ident(role)}"
-
     async def set_role(conn: asyncpg.Connection) -> None:
-        await conn.execute(statement)
+        await conn.execute(load()["role_set"], role)
 
     return set_role
 
 
 async def server_version_num(conn: asyncpg.Connection) -> int:
     """The server's ``server_version_num`` (e.g. 170010 for 17.10)."""
-    value = await conn.fetchval("SELECT current_setting('server_version_num')::integer")
+    value = await conn.fetchval(load()["server_version_num"])
     return int(value)
 
 
@@ -258,7 +258,7 @@ async def require_server_version(
     version = await server_version_num(conn)
     if version < minimum:
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"database: PostgreSQL {minimum // 10000} or newer is required "
             f"(server_version_num is {version})",
         )

@@ -4,9 +4,9 @@ Each database-using component acts as its own NOLOGIN role, ``<namespace>_admiss
 ``_dispatcher``, ``_recovery`` and ``_audit``. The runtime login role is a member of each
 with ``INHERIT FALSE, SET TRUE``: it holds no privilege of its own, and a component's
 connections ``SET ROLE`` to the component's role right after connecting. What each role may
-do is the table :data:`GRANTS` below; ``apply`` revokes everything in the namespace from
-these roles and grants exactly that table again, so re-running apply also repairs grants
-someone widened by hand.
+do is written out in the ``grants_reset`` query (``core/db/queries/apply.sql``) and read
+back here as :data:`GRANTS`; ``apply`` revokes everything in the namespace from these roles
+and runs those grants again, so re-running apply also repairs grants someone widened by hand.
 
 The runtime role checks refuse, with ``deployment.refused``, a login role that could reach
 past those grants: a superuser, a role with BYPASSRLS, a member of the migration role (or
@@ -17,92 +17,52 @@ or one that holds table privileges there itself.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
 import asyncpg
 
-from core.db.connect import quote_ident
-from core.db.queries import load, namespace_identifier
+from core.codes import Code
+from core.db.queries import Queries, load, namespace_identifier, without_comments
 from core.errors import CoordinatorError
 
 COMPONENTS: Final = ("admission", "dispatcher", "recovery", "audit")
 """The components that use the database, in the order their roles are made."""
 
-REFUSED = "deployment.refused"
-
-# Read by every component at startup to verify the activation (§6.4).
-_STARTUP_READS: Final = {
-    "schema_version": ("SELECT",),
-    "deployment": ("SELECT",),
-    "package": ("SELECT",),
-    "activation": ("SELECT",),
-    "key_custody": ("SELECT",),
-    "hold": ("SELECT",),
-}
-
-# The non-secret columns of payload: enough to insert a row and answer its id.
-_PAYLOAD_HEADER: Final = "(id, run_id, step_id, purpose, key_version, created_at)"
-
-GRANTS: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = MappingProxyType(
-    {
-        # Starts runs and wakes waiting ones; it may move a wait's next check forward, but
-        # not change what state a step is in.
-        "admission": MappingProxyType(
-            {
-                **_STARTUP_READS,
-                "run": ("SELECT", "INSERT"),
-                "binding": ("SELECT", "INSERT"),
-                "step": ("SELECT", "INSERT", "UPDATE (due_at, next_check_at, updated_at)"),
-                "payload": ("INSERT", f"SELECT {_PAYLOAD_HEADER}"),
-                "start_identity": ("SELECT", "INSERT"),
-                "tombstone": ("SELECT",),
-            }
-        ),
-        # Claims and executes steps and moves runs along; reads holds, never changes them.
-        "dispatcher": MappingProxyType(
-            {
-                **_STARTUP_READS,
-                "run": (
-                    "SELECT",
-                    "UPDATE (state, outcome, attention, cancelling, failure_kind, "
-                    "failure_path, failure_step, updated_at, ended_at)",
-                ),
-                "binding": ("SELECT",),
-                "step": ("SELECT", "INSERT", "UPDATE"),
-                "payload": ("SELECT", "INSERT"),
-            }
-        ),
-        # Operator actions: inspection, reconcile, retry-same, cancel, holds and retention.
-        "recovery": MappingProxyType(
-            {
-                **_STARTUP_READS,
-                "hold": ("SELECT", "UPDATE"),
-                "run": ("SELECT", "UPDATE"),
-                "binding": ("SELECT",),
-                "step": ("SELECT", "INSERT", "UPDATE"),
-                "payload": ("SELECT", "INSERT", "DELETE"),
-                "start_identity": ("SELECT", "DELETE"),
-                "tombstone": ("SELECT", "INSERT"),
-                "recovery_record": ("SELECT", "INSERT", "UPDATE"),
-                "restore_snapshot": ("SELECT", "INSERT", "UPDATE"),
-                "operator_action": ("SELECT", "INSERT"),
-            }
-        ),
-        # The audit journal's key custody, per segment.
-        "audit": MappingProxyType(
-            {
-                **_STARTUP_READS,
-                "audit_segment": ("SELECT", "INSERT", "UPDATE"),
-            }
-        ),
-    }
+# One GRANT of privileges on tables of the namespace to component roles, whitespace folded.
+_TABLE_GRANT: Final = re.compile(
+    r"GRANT (?P<privileges>.+?) ON (?P<tables>\{\{ns\}\}\.\w+(?:, \{\{ns\}\}\.\w+)*)"
+    r" TO (?P<roles>\{\{\w+\}\}(?:, \{\{\w+\}\})*)"
 )
-"""Component → table → privileges, exactly as they appear in the GRANT statements."""
+_PRIVILEGE: Final = re.compile(r"[A-Z]+(?: \([a-z_, ]+\))?")
+_ROLE_WORD: Final = re.compile(r"\{\{(\w+)\}\}")
 
-SHARED_FUNCTIONS: Final = ("now()", "state_key_versions_in_use()")
-"""Functions every component role may execute; all others are for triggers only."""
+
+def _read_grants(sql: str) -> Mapping[str, Mapping[str, tuple[str, ...]]]:
+    """The table grants of ``sql``: component → table → privileges, in the order written."""
+    grants: dict[str, dict[str, list[str]]] = {component: {} for component in COMPONENTS}
+    for statement in without_comments(sql).split(";"):
+        grant = _TABLE_GRANT.fullmatch(" ".join(statement.split()))
+        if grant is None:
+            continue
+        privileges = _PRIVILEGE.findall(grant["privileges"])
+        for component in _ROLE_WORD.findall(grant["roles"]):
+            for table in grant["tables"].split(", "):
+                held = grants[component].setdefault(table.removeprefix("{{ns}}."), [])
+                held += [privilege for privilege in privileges if privilege not in held]
+    return MappingProxyType(
+        {
+            component: MappingProxyType({table: tuple(held) for table, held in tables.items()})
+            for component, tables in grants.items()
+        }
+    )
+
+
+GRANTS: Final = _read_grants(load()["grants_reset"])
+"""Component → table → privileges, as the ``grants_reset`` query grants them (read back
+from its text, so this table and what apply grants cannot differ)."""
 
 
 IDENTIFIER_MAX_BYTES: Final = 63
@@ -128,65 +88,48 @@ def component_roles(namespace: str) -> dict[str, str]:
     return {component: component_role(namespace, component) for component in COMPONENTS}
 
 
-def grant_statements(namespace: str, runtime_role: str) -> list[str]:
-    """The statements that reset the namespace's privileges to :data:`GRANTS`.
+async def ensure_component_roles(conn: asyncpg.Connection, namespace: str) -> None:
+    """Create the missing component roles as NOLOGIN; refuse one that could log in
+    with more rights than it should (superuser, BYPASSRLS)."""
+    queries = Queries(namespace)
+    for role in component_roles(namespace).values():
+        row = await conn.fetchrow(queries["role_attributes"], role)
+        if row is None:
+            await conn.execute(queries.with_identifiers("role_create", role=role))
+            continue
+        if row["rolsuper"] or row["rolbypassrls"]:
+            raise CoordinatorError(
+                Code.DEPLOYMENT_REFUSED, f"component role {role} exists with SUPERUSER or BYPASSRLS"
+            )
+        if row["rolcanlogin"]:
+            await conn.execute(queries.with_identifiers("role_nologin", role=role))
+
+
+async def grant_components(conn: asyncpg.Connection, namespace: str, runtime_role: str) -> None:
+    """Reset the namespace's privileges to :data:`GRANTS` and make ``runtime_role`` a member
+    of every component role (the ``grants_reset`` query).
 
     The roles must exist and the objects of ``schema.sql`` be installed. Run by the schema
     owner inside apply's transaction.
     """
-    ns = namespace_identifier(namespace)
     roles = component_roles(namespace)
-    everyone = ", ".join(quote_ident(role) for role in roles.values())
-    runtime = quote_ident(runtime_role)
-    statements = [
-        f"REVOKE ALL ON SCHEMA {ns} FROM PUBLIC, {runtime}, {everyone}",
-        f"REVOKE ALL ON ALL TABLES IN SCHEMA {ns} FROM PUBLIC, {runtime}, {everyone}",
-        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {ns} FROM PUBLIC, {runtime}, {everyone}",
-        f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {ns} FROM PUBLIC, {runtime}, {everyone}",
-        f"GRANT USAGE ON SCHEMA {ns} TO {everyone}",
-        "GRANT EXECUTE ON FUNCTION "
-        + ", ".join(f"{ns}.{function}" for function in SHARED_FUNCTIONS)
-        + f" TO {everyone}",
-    ]
-    for component, tables in GRANTS.items():
-        role = quote_ident(roles[component])
-        for table, privileges in tables.items():
-            statements.append(f"GRANT {', '.join(privileges)} ON {ns}.{table} TO {role}")
-    for role in roles.values():
-        # Membership without inheritance: the runtime role acts as a component only after
-        # SET ROLE, so a leaked runtime session that has not chosen a role can read nothing.
-        statements.append(f"GRANT {quote_ident(role)} TO {runtime} WITH INHERIT FALSE, SET TRUE")
-    return statements
-
-
-async def ensure_component_roles(conn: asyncpg.Connection, namespace: str) -> None:
-    """Create the missing component roles as NOLOGIN; refuse one that could log in
-    with more rights than it should (superuser, BYPASSRLS)."""
-    q = load()
-    for role in component_roles(namespace).values():
-        row = await conn.fetchrow(q["role_attributes"], role)
-        if row is None:
-            await conn.execute(f"CREATE ROLE {quote_ident(role)} NOLOGIN NOINHERIT")
-            continue
-        if row["rolsuper"] or row["rolbypassrls"]:
-            raise CoordinatorError(
-                REFUSED, f"component role {role} exists with SUPERUSER or BYPASSRLS"
-            )
-        if row["rolcanlogin"]:
-            await conn.execute(f"ALTER ROLE {quote_ident(role)} NOLOGIN")
-
-
-async def grant_components(conn: asyncpg.Connection, namespace: str, runtime_role: str) -> None:
-    """Reset the namespace's grants to :data:`GRANTS` (see :func:`grant_statements`)."""
-    for statement in grant_statements(namespace, runtime_role):
-        await conn.execute(statement)
+    await conn.execute(
+        Queries(namespace).with_identifiers(
+            "grants_reset",
+            runtime=runtime_role,
+            admission=roles["admission"],
+            dispatcher=roles["dispatcher"],
+            recovery=roles["recovery"],
+            audit=roles["audit"],
+        )
+    )
 
 
 # ----------------------------------------------------------------------- runtime role checks
 
 
 def _refuse(reason: str) -> CoordinatorError:
-    return CoordinatorError(REFUSED, f"runtime role: {reason}")
+    return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"runtime role: {reason}")
 
 
 async def check_runtime_role_attributes(
@@ -258,7 +201,7 @@ async def verify_runtime_role(
     ``deployment.runtimeRole``. With ``namespace``, the checks that need the schema run too;
     the schema's owner (the migration role) stands in for the migration role there.
     """
-    session_user = await conn.fetchval("SELECT session_user::text")
+    session_user = await conn.fetchval(load()["session_user_name"])
     if session_user != expected_role:
         raise _refuse(
             f"the runtime URL logs in as {session_user}, "
@@ -278,7 +221,7 @@ async def set_component_role(conn: asyncpg.Connection, namespace: str, component
     """``SET ROLE`` to ``component``'s role; refuse when the runtime role was not granted it."""
     role = component_role(namespace, component)
     try:
-        await conn.execute(f"SET ROLE {quote_ident(role)}")
+        await conn.execute(load()["role_set"], role)
     except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedObjectError):
         raise _refuse(f"may not act as {role}; run apply with this runtime role") from None
 
@@ -293,7 +236,6 @@ __all__ = [
     "component_roles",
     "ensure_component_roles",
     "grant_components",
-    "grant_statements",
     "set_component_role",
     "verify_runtime_role",
 ]

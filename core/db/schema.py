@@ -18,7 +18,8 @@ from typing import Final
 
 import asyncpg
 
-from core.db.queries import PLACEHOLDER, Queries, load, namespace_identifier, render
+from core.codes import Code
+from core.db.queries import PLACEHOLDER, Queries, load, render
 from core.errors import CoordinatorError
 
 SCHEMA_VERSION: Final = 4
@@ -67,7 +68,7 @@ async def inspect_namespace(conn: asyncpg.Connection, namespace: str) -> Namespa
 def refuse_unknown_layout(namespace: str) -> CoordinatorError:
     """The refusal for a namespace holding objects but no schema version."""
     return CoordinatorError(
-        "deployment.refused",
+        Code.DEPLOYMENT_REFUSED,
         f"namespace {namespace} holds objects but no schema version; "
         "it is not a Registry Coordinator schema",
     )
@@ -85,14 +86,14 @@ def require_version(namespace: str, version: int) -> None:
     """Refuse any version but 4: an earlier layout with ``deployment.schema-too-old``."""
     if version < SCHEMA_VERSION:
         raise CoordinatorError(
-            "deployment.schema-too-old",
+            Code.DEPLOYMENT_SCHEMA_TOO_OLD,
             f"namespace {namespace} holds schema version {version}; version "
             f"{SCHEMA_VERSION} is required. Settle that work with its matching release, "
             "then use a fresh namespace and databaseId",
         )
     if version > SCHEMA_VERSION:
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"namespace {namespace} holds schema version {version}, newer than this "
             f"release's {SCHEMA_VERSION}; use the release that installed it",
         )
@@ -101,8 +102,7 @@ def require_version(namespace: str, version: int) -> None:
 async def install(conn: asyncpg.Connection, namespace: str) -> None:
     """Create the schema if missing and install version 4 in it (in the caller's
     transaction; the connected role becomes the owner of everything)."""
-    ns = namespace_identifier(namespace)
-    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {ns}")
+    await conn.execute(Queries(namespace)["schema_create"])
     await conn.execute(render_schema(namespace))
 
 
@@ -171,10 +171,10 @@ async def ensure_schema(conn: asyncpg.Connection, namespace: str) -> bool:
     schema owned by another role, and drift (``deployment.refused``).
     """
     state = await inspect_namespace(conn, namespace)
-    me = await conn.fetchval("SELECT current_user::text")
+    me = await conn.fetchval(load()["current_user_name"])
     if state.exists and state.owner != me:
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"schema {namespace} is owned by {state.owner}, not by the migration role {me}",
         )
     if state.empty:
@@ -189,7 +189,7 @@ async def ensure_schema(conn: asyncpg.Connection, namespace: str) -> bool:
         more = len(differences) - _DRIFT_SHOWN
         tail = f"; and {more} more" if more > 0 else ""
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"schema {namespace} differs from version {SCHEMA_VERSION}: {shown}{tail}",
         )
     return False

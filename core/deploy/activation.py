@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from core.codes import Code
 from core.config.model import CheckedDeployment
 from core.db.queries import Queries
 from core.db.roles import verify_runtime_role
@@ -20,8 +21,6 @@ from core.deploy.model import Activation, ActivePackage
 from core.errors import CoordinatorError
 from core.keys import resolver_for
 from core.secrets import SecretResolver
-
-REFUSED = "deployment.refused"
 
 
 async def read_active(conn: asyncpg.Connection, queries: Queries) -> dict[str, ActivePackage]:
@@ -44,7 +43,8 @@ async def require_installed(conn: asyncpg.Connection, namespace: str) -> None:
     state = await inspect_namespace(conn, namespace)
     if not state.exists or state.empty:
         raise CoordinatorError(
-            REFUSED, f"namespace {namespace} holds no Registry Coordinator schema; run apply"
+            Code.DEPLOYMENT_REFUSED,
+            f"namespace {namespace} holds no Registry Coordinator schema; run apply",
         )
     if not state.has_version_table:
         raise refuse_unknown_layout(namespace)
@@ -54,7 +54,7 @@ def check_database_id(recorded: str, configured: str, namespace: str) -> None:
     """Refuse a databaseId that differs from the recorded one."""
     if recorded.lower() != configured.lower():
         raise CoordinatorError(
-            REFUSED,
+            Code.DEPLOYMENT_REFUSED,
             f"deployment.databaseId differs from the databaseId recorded in namespace {namespace}",
         )
 
@@ -67,15 +67,17 @@ def check_pins(checked: CheckedDeployment, active: dict[str, ActivePackage]) -> 
         pinned = listed.get(workflow_id)
         if current is None:
             raise CoordinatorError(
-                REFUSED, f"workflow '{workflow_id}' is listed but not active; run plan and apply"
+                Code.DEPLOYMENT_REFUSED,
+                f"workflow '{workflow_id}' is listed but not active; run plan and apply",
             )
         if pinned is None:
             raise CoordinatorError(
-                REFUSED, f"workflow '{workflow_id}' is active but not listed; run plan and apply"
+                Code.DEPLOYMENT_REFUSED,
+                f"workflow '{workflow_id}' is active but not listed; run plan and apply",
             )
         if current.digest != pinned:
             raise CoordinatorError(
-                REFUSED,
+                Code.DEPLOYMENT_REFUSED,
                 f"workflow '{workflow_id}': the active package is not the one the runtime file "
                 "pins; run plan and apply",
             )
@@ -101,7 +103,9 @@ async def verify_activation(
     require_version(namespace, version)
     identity = await conn.fetchrow(queries["deployment_read"])
     if identity is None:
-        raise CoordinatorError(REFUSED, f"namespace {namespace} records no databaseId; run apply")
+        raise CoordinatorError(
+            Code.DEPLOYMENT_REFUSED, f"namespace {namespace} records no databaseId; run apply"
+        )
     check_database_id(identity["database_id"], config.deployment.database_id, namespace)
     active = await read_active(conn, queries)
     check_pins(checked, active)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from core.codes import Code
 from core.config.model import CheckedDeployment
 from core.db.connect import require_server_version
 from core.db.queries import Queries
@@ -38,8 +39,6 @@ from core.deploy.planning import compute_plan, removal_ids
 from core.errors import CoordinatorError
 from core.keys import resolver_for
 
-REFUSED = "deployment.refused"
-
 
 def _listed(checked: CheckedDeployment) -> dict[str, str]:
     return {workflow_id: package.digest for workflow_id, package in checked.packages.items()}
@@ -54,7 +53,7 @@ async def _refuse_live_runs(
         live = await conn.fetchval(queries["live_run_count"], entry.id)
         if live:
             raise CoordinatorError(
-                "deployment.workflow-live-runs",
+                Code.DEPLOYMENT_WORKFLOW_LIVE_RUNS,
                 f"workflow '{entry.id}' has {live} run(s) that have not ended",
             )
 
@@ -99,7 +98,7 @@ async def apply(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry
     url_user = runtime_url_user(config, resolver)
     if url_user != runtime_role:
         raise CoordinatorError(
-            REFUSED,
+            Code.DEPLOYMENT_REFUSED,
             f"runtime role: the runtime URL logs in as {url_user}, "
             f"but deployment.runtimeRole is {runtime_role}",
         )
@@ -109,8 +108,8 @@ async def apply(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry
     async with open_connection(config, resolver, "migration") as conn:
         await require_server_version(conn)
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", apply_lock_key(namespace))
-            migration_role = await conn.fetchval("SELECT current_user::text")
+            await conn.execute(queries["apply_lock"], apply_lock_key(namespace))
+            migration_role = await conn.fetchval(queries["current_user_name"])
             await check_runtime_role_attributes(conn, runtime_role, migration_role)
             await check_runtime_role_schema(conn, runtime_role, namespace, table_privileges=False)
             await ensure_schema(conn, namespace)
@@ -163,7 +162,7 @@ async def _activate(
         stored = await conn.fetchrow(queries["package_read"], package.digest)
         if stored is None or bytes(stored["manifest"]) != package.manifest_bytes:
             raise CoordinatorError(
-                REFUSED,
+                Code.DEPLOYMENT_REFUSED,
                 f"workflow '{entry.id}': the database holds other bytes under digest "
                 f"{package.digest}",
             )
@@ -181,7 +180,8 @@ async def status(checked: CheckedDeployment) -> DeploymentStatus:
         state = await inspect_namespace(conn, namespace)
         if not state.exists or state.empty:
             raise CoordinatorError(
-                REFUSED, f"namespace {namespace} holds no Registry Coordinator schema; run apply"
+                Code.DEPLOYMENT_REFUSED,
+                f"namespace {namespace} holds no Registry Coordinator schema; run apply",
             )
         await set_component_role(conn, namespace, "recovery")
         activation = await verify_activation(conn, checked, resolver=resolver)

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from core.codes import Code
 from core.config.model import RuntimeConfig
 from core.db.queries import Queries
 from core.errors import CoordinatorError
 from core.keys import admission_key_fingerprint, state_key_fingerprints
 from core.paths import index
 from core.secrets import SecretResolver
-
-CUSTODY = "command.state-key-custody"
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def check_custody(records: CustodyRecords, keys: ConfiguredKeys, *, require_reco
     for version in records.in_use:
         if version not in keys.state:
             raise CoordinatorError(
-                CUSTODY,
+                Code.STATE_KEY_CUSTODY,
                 f"deployment.stateKeys: state key version {version} is used by stored "
                 "payloads but is not configured",
             )
@@ -90,22 +89,23 @@ def check_custody(records: CustodyRecords, keys: ConfiguredKeys, *, require_reco
         path = keys.state_paths.get(version, "deployment.stateKeys")
         if recorded is not None and recorded != value:
             raise CoordinatorError(
-                CUSTODY,
+                Code.STATE_KEY_CUSTODY,
                 f"{path}: state key version {version} does not match its recorded fingerprint",
             )
         if recorded is None and require_recorded:
             raise CoordinatorError(
-                CUSTODY,
+                Code.STATE_KEY_CUSTODY,
                 f"{path}: state key version {version} has no recorded fingerprint; run apply",
             )
     if records.admission is not None and records.admission != keys.admission:
         raise CoordinatorError(
-            CUSTODY,
+            Code.STATE_KEY_CUSTODY,
             "deployment.admissionKeyRef: the admission key does not match its recorded fingerprint",
         )
     if records.admission is None and require_recorded:
         raise CoordinatorError(
-            CUSTODY, "deployment.admissionKeyRef: no fingerprint is recorded; run apply"
+            Code.STATE_KEY_CUSTODY,
+            "deployment.admissionKeyRef: no fingerprint is recorded; run apply",
         )
 
 

@@ -21,6 +21,7 @@ from typing import Literal
 
 import asyncpg
 
+from core.codes import Code
 from core.config.model import RuntimeConfig
 from core.db.connect import connect, parse_database_url
 from core.errors import CoordinatorError
@@ -47,24 +48,24 @@ def translate(exc: BaseException, label: str) -> CoordinatorError | None:
         return None
     if isinstance(exc, ssl.SSLCertVerificationError):
         return CoordinatorError(
-            "deployment.refused", f"{label}: the database server's certificate did not verify"
+            Code.DEPLOYMENT_REFUSED, f"{label}: the database server's certificate did not verify"
         )
     if isinstance(exc, ssl.SSLError):
         return CoordinatorError(
-            "deployment.refused", f"{label}: the TLS handshake with the database failed"
+            Code.DEPLOYMENT_REFUSED, f"{label}: the TLS handshake with the database failed"
         )
     if isinstance(
         exc, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
     ):
-        return CoordinatorError("deployment.refused", f"{label}: the database refused the login")
+        return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"{label}: the database refused the login")
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return CoordinatorError("deployment.refused", f"{label}: the database does not exist")
+        return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"{label}: the database does not exist")
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
         # The server's wording names the object and the privilege, nothing secret.
         wording = exc.args[0] if exc.args else "permission denied"
-        return CoordinatorError("deployment.refused", f"{label}: {wording}")
+        return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"{label}: {wording}")
     if isinstance(exc, _UNAVAILABLE):
-        return CoordinatorError("store.unavailable", f"{label}: the database cannot be reached")
+        return CoordinatorError(Code.STORE_UNAVAILABLE, f"{label}: the database cannot be reached")
     return None
 
 

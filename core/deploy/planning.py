@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from core.codes import Code
 from core.deploy.model import PlanEntry
 from core.errors import CoordinatorError
 
@@ -16,7 +17,7 @@ def removal_ids(remove: Sequence[str]) -> frozenset[str]:
     for value in remove:
         if not _WORKFLOW_ID.fullmatch(value):
             # The value is not echoed: it is not known to be an identifier.
-            raise CoordinatorError("deployment.refused", "--remove-workflow: not a workflow id")
+            raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "--remove-workflow: not a workflow id")
     return frozenset(remove)
 
 
@@ -33,7 +34,7 @@ def compute_plan(
     removals = removal_ids(remove)
     for workflow_id in sorted(removals & listed.keys()):
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"workflow '{workflow_id}' is listed in deployment.packages and cannot be removed",
         )
     entries: list[PlanEntry] = []
@@ -51,7 +52,7 @@ def compute_plan(
             entries.append(PlanEntry(workflow_id, "remove", current, None))
         else:
             raise CoordinatorError(
-                "deployment.workflow-unlisted",
+                Code.DEPLOYMENT_WORKFLOW_UNLISTED,
                 f"workflow '{workflow_id}' is active but not listed",
             )
     return entries

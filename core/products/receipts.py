@@ -19,13 +19,13 @@ have judged a stale token. Nothing here logs or raises with a token, a body or a
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import httpx
 
+from core.canonical import parse_json
 from core.errors import CoordinatorError
 from core.products.token_client import TokenUnavailable
 from core.workflow.catalogue import Operation, fill_path
@@ -77,7 +77,7 @@ def receipt_url(base_url: str, op: Operation, profile: str, key: str) -> str:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return parse_json(body)
     except (UnicodeDecodeError, ValueError):
         return None
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from core.codes import Code
 from core.errors import CoordinatorError
-from core.problems import CATALOGUE
 
 CODE_KEY = "coordinator-code"
 DETAIL_KEY = "coordinator-detail"
@@ -34,12 +34,11 @@ _BY_STATUS: dict[int, grpc.StatusCode] = {
 }
 
 
-def status_for(code: str) -> grpc.StatusCode:
-    """The gRPC status a refusal travels with."""
-    problem = CATALOGUE.get(code)
-    if problem is None:
+def status_for(code: Code) -> grpc.StatusCode:
+    """The gRPC status a refusal travels with: the one of its HTTP status, else INTERNAL."""
+    if code.status is None:
         return grpc.StatusCode.INTERNAL
-    return _BY_STATUS.get(problem.status, grpc.StatusCode.INTERNAL)
+    return _BY_STATUS.get(code.status, grpc.StatusCode.INTERNAL)
 
 
 def _metadata_safe(text: str) -> str:
@@ -59,27 +58,37 @@ def refusals(method: F) -> F:
             return await method(self, request, context)
         except CoordinatorError as exc:
             metadata: list[tuple[str, str]] = [
-                (CODE_KEY, exc.code),
+                (CODE_KEY, exc.code.value),
                 (DETAIL_KEY, _metadata_safe(exc.detail)),
             ]
             if exc.extra:
                 metadata.append((EXTRA_KEY, _metadata_safe(json.dumps(exc.extra))))
             context.set_trailing_metadata(tuple(metadata))
-            await context.abort(status_for(exc.code), exc.code)
+            await context.abort(status_for(exc.code), exc.code.value)
 
     return wrapper  # type: ignore[return-value]
 
 
 def rebuild(error: grpc.aio.AioRpcError, component: str) -> CoordinatorError:
-    """The CoordinatorError a failed call carried, or service.unavailable for transport loss."""
+    """The CoordinatorError a failed call carried, or service.unavailable for transport loss.
+
+    A code this side does not know (a component of another version) becomes ``internal``,
+    logged with the spelling that arrived.
+    """
     found = {key: value for key, value in (error.trailing_metadata() or ())}
-    code = found.get(CODE_KEY)
-    if isinstance(code, str):
+    text = found.get(CODE_KEY)
+    if isinstance(text, str):
         detail = found.get(DETAIL_KEY)
         extra_text = found.get(EXTRA_KEY)
         extra = json.loads(extra_text) if isinstance(extra_text, str) else None
+        code = Code.parse(text)
+        if code is None:
+            log.error("unknown code %r from the %s component", text, component)
+            code = Code.INTERNAL
         return CoordinatorError(code, detail if isinstance(detail, str) else "", extra)
     if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return CoordinatorError("service.unavailable", f"the {component} component is unavailable")
+        return CoordinatorError(
+            Code.SERVICE_UNAVAILABLE, f"the {component} component is unavailable"
+        )
     log.error("unexpected gRPC failure from %s: %s", component, error.code().name)
-    return CoordinatorError("internal", f"the {component} component failed unexpectedly")
+    return CoordinatorError(Code.INTERNAL, f"the {component} component failed unexpectedly")

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc.errors import rebuild
 
@@ -60,7 +61,7 @@ def unix_endpoints(socket_dir: Path) -> Endpoints:
         os.chmod(socket_dir, 0o700)
     if info.st_uid != os.geteuid():
         raise CoordinatorError(
-            "deployment.refused",
+            Code.DEPLOYMENT_REFUSED,
             f"{socket_dir}: the internal socket folder belongs to another user",
         )
     return Endpoints(
@@ -85,14 +86,16 @@ def server(endpoints: Endpoints, component: str) -> grpc.aio.Server:
             path.unlink()
         if len(str(path).encode()) > UNIX_PATH_MAX_BYTES:
             raise CoordinatorError(
-                "deployment.refused",
+                Code.DEPLOYMENT_REFUSED,
                 f"deployment.internal.socketDir: the socket path {path} is longer than "
                 f"{UNIX_PATH_MAX_BYTES} bytes",
             )
         _bind(srv.add_insecure_port, address)
     else:
         if endpoints.tls is None:
-            raise CoordinatorError("deployment.refused", "TCP internal addresses need mutual TLS")
+            raise CoordinatorError(
+                Code.DEPLOYMENT_REFUSED, "TCP internal addresses need mutual TLS"
+            )
         credentials = grpc.ssl_server_credentials(
             [(endpoints.tls.private_key, endpoints.tls.certificate)],
             root_certificates=endpoints.tls.trusted_root,
@@ -108,7 +111,7 @@ def _bind(add: Callable[[str], int], address: str) -> None:
         add(address)
     except RuntimeError:
         raise CoordinatorError(
-            "deployment.refused", f"deployment.internal: cannot listen on {address}"
+            Code.DEPLOYMENT_REFUSED, f"deployment.internal: cannot listen on {address}"
         ) from None
 
 
@@ -118,7 +121,7 @@ def channel(endpoints: Endpoints, component: str) -> grpc.aio.Channel:
     if address.startswith("unix:"):
         return grpc.aio.insecure_channel(address, options=_options())
     if endpoints.tls is None:
-        raise CoordinatorError("deployment.refused", "TCP internal addresses need mutual TLS")
+        raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "TCP internal addresses need mutual TLS")
     credentials = grpc.ssl_channel_credentials(
         root_certificates=endpoints.tls.trusted_root,
         private_key=endpoints.tls.private_key,

@@ -22,9 +22,6 @@ from urllib.parse import quote
 
 from core.workflow.jsonvalue import article, json_type_of, pointer_token, type_fits
 
-# JSON types a command or result field can have.
-FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array")
-
 DAY = 86_400
 
 
@@ -86,10 +83,6 @@ class Result:
     fields: tuple[Field, ...]
     """Fields a decided result keeps, readable as ``${steps.<id>.<field>}``."""
     about: str = ""
-
-    def identifying_field(self, name: str) -> Field | None:
-        """The identifying field called ``name``, if there is one."""
-        return next((f for f in self.identifying if f.name == name), None)
 
     def result_field(self, name: str) -> Field | None:
         """The result field called ``name``, if there is one."""

@@ -21,9 +21,6 @@ MAX_STEPS = 64
 MAX_SOURCE_BYTES = 256 * 1024
 DEFAULT_DEADLINE_SECONDS = 300
 
-# Edge kinds: a ``success`` edge is one along which the step's kept values exist.
-SUCCESS = "next"
-
 
 # ---------------------------------------------------------------------------------- predicates
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import rfc8785
-
 from core import __version__
+from core.canonical import canonical_json
+from core.codes import Code
 from core.errors import PackageInvalid
 from core.workflow import catalogue
 from core.workflow.check import check_source, read_source
@@ -38,7 +38,6 @@ MAX_MANIFEST_BYTES = 64 * 1024
 FILE_MODE = 0o644
 FOLDER_MODE = 0o755
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-MISMATCH = "package.digest-mismatch"
 
 
 @dataclass(frozen=True)
@@ -72,16 +71,11 @@ def digest_of(manifest_bytes: bytes) -> str:
     return "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
 
 
-def canonical(document: Any) -> bytes:
-    """RFC 8785 canonical JSON bytes."""
-    return bytes(rfc8785.dumps(document))
-
-
 def build_manifest(
     workflow_id: str, version: str, connections: dict[str, str], source: bytes
 ) -> bytes:
     """The canonical manifest for one workflow source."""
-    return canonical(
+    return canonical_json(
         {
             "format": PACKAGE_FORMAT,
             "workflow": {"id": workflow_id, "version": version},
@@ -242,7 +236,7 @@ def _manifest(path: Path, data: bytes) -> dict[str, Any]:
         document = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError):
         raise refuse("is not JSON") from None
-    if not isinstance(document, dict) or canonical(document) != data:
+    if not isinstance(document, dict) or canonical_json(document) != data:
         raise refuse("is not in RFC 8785 canonical form")
     if set(document) != {"format", "workflow", "connections", "files", "coordinator"}:
         raise refuse("must have exactly format, workflow, connections, files and coordinator")
@@ -310,12 +304,16 @@ def verify_package(root: Path, expected_digest: str | None) -> VerifiedPackage:
     digest = digest_of(manifest_bytes)
     if expected_digest is not None and digest != expected_digest:
         raise PackageInvalid(
-            str(manifest_path), f"the package digest is {digest}, not the expected digest", MISMATCH
+            str(manifest_path),
+            f"the package digest is {digest}, not the expected digest",
+            Code.PACKAGE_DIGEST_MISMATCH,
         )
     entry = manifest["files"][0]
     source = _read_regular(source_path, MAX_SOURCE_BYTES)
     if len(source) != entry["size"] or hashlib.sha256(source).hexdigest() != entry["sha256"]:
-        raise PackageInvalid(str(source_path), "its bytes differ from the manifest", MISMATCH)
+        raise PackageInvalid(
+            str(source_path), "its bytes differ from the manifest", Code.PACKAGE_DIGEST_MISMATCH
+        )
     try:
         workflow = check_source(source)
     except PackageInvalid as exc:

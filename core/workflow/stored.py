@@ -10,6 +10,7 @@ import asyncio
 
 import asyncpg
 
+from core.codes import Code
 from core.db.queries import Queries
 from core.errors import CoordinatorError
 from core.workflow.check import check_source
@@ -34,7 +35,7 @@ class WorkflowCache:
                 row = await conn.fetchrow(queries["package_read"], digest)
                 if row is None:
                     raise CoordinatorError(
-                        "deployment.refused", f"package {digest} is not stored in the database"
+                        Code.DEPLOYMENT_REFUSED, f"package {digest} is not stored in the database"
                     )
                 # The source was checked when the package was built and when it was
                 # applied; checking again here costs little once per digest and keeps a

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 from dispatcher.adapters import breg_action, casework, messaging, scheduling
 from dispatcher.adapters.base import (
-    Binding,
+    AuthorizedRequest,
     CatalogueAdapter,
     ProductRequest,
     RequestUnbuildable,
@@ -29,7 +29,7 @@ def adapter_for(connection_type: str) -> CatalogueAdapter:
 
 __all__ = [
     "ADAPTERS",
-    "Binding",
+    "AuthorizedRequest",
     "CatalogueAdapter",
     "ProductRequest",
     "RequestUnbuildable",

@@ -6,6 +6,10 @@ binding, a JSON body made of the mapped command plus the fields the catalogue sa
 from the connection (Casework's ``producer``), and the three headers every product expects:
 ``Authorization: Bearer``, ``Idempotency-Key`` and ``Content-Type: application/json``.
 The per-type modules choose which catalogue entry they serve; nothing here knows a product.
+
+A request is built, and so checked, once and without a token: a command that cannot become
+a request fails before any token is asked for. The token is attached for each sending
+(:meth:`ProductRequest.authorized`), so a resend after a 401 carries a fresh one.
 """
 
 from __future__ import annotations
@@ -15,44 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.bindings import Binding
 from core.workflow.catalogue import Operation, connection_type, fill_path
 from core.workflow.jsonvalue import pointer_token
-
-
-@dataclass(frozen=True)
-class Binding:
-    """The connection settings a run recorded at admission (one ``binding`` row)."""
-
-    connection: str
-    connection_type: str
-    base_url: str
-    client_id: str
-    issuer: str
-    scopes: tuple[str, ...]
-    audience: str
-    profile: str
-    producer: str | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Binding:
-        """The binding of a ``dispatcher_binding_read`` row."""
-        return cls(
-            connection=str(row["connection"]),
-            connection_type=str(row["connection_type"]),
-            base_url=str(row["base_url"]),
-            client_id=str(row["client_id"]),
-            issuer=str(row["issuer"]),
-            scopes=tuple(row["scopes"]),
-            audience=str(row["audience"]),
-            profile=str(row["profile"]),
-            producer=None if row["producer"] is None else str(row["producer"]),
-        )
-
-    def setting(self, name: str) -> str | None:
-        """A connection setting by its runtime-file key (``producer``, ``profile``)."""
-        return {"producer": self.producer, "profile": self.profile, "baseUrl": self.base_url}.get(
-            name
-        )
 
 
 class RequestUnbuildable(ValueError):
@@ -66,12 +35,22 @@ class RequestUnbuildable(ValueError):
 
 @dataclass(frozen=True)
 class ProductRequest:
-    """One request ready to send. The token is kept out of ``repr``."""
+    """One request built from the catalogue, ready but for its access token."""
 
     method: str
     url: str
     body: bytes = field(repr=False)
     command_key: str
+
+    def authorized(self, token: str) -> AuthorizedRequest:
+        """This request carrying ``token``."""
+        return AuthorizedRequest(self.method, self.url, self.body, self.command_key, token)
+
+
+@dataclass(frozen=True)
+class AuthorizedRequest(ProductRequest):
+    """A request with its access token, ready to send. The token is kept out of ``repr``."""
+
     token: str = field(repr=False)
 
     @property
@@ -133,13 +112,14 @@ class CatalogueAdapter:
         binding: Binding,
         command: Mapping[str, Any],
         command_key: str,
-        token: str,
     ) -> ProductRequest:
-        """The request that sends ``command`` under ``command_key`` with ``token``."""
+        """The request that sends ``command`` under ``command_key``.
+
+        Raises :class:`RequestUnbuildable` when the binding cannot supply what it needs.
+        """
         return ProductRequest(
             method=op.method,
             url=self.url(op, binding),
             body=encode_body(self.body(op, binding, command)),
             command_key=command_key,
-            token=token,
         )

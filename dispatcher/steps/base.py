@@ -1,18 +1,25 @@
-"""What every step executor is handed: the dispatcher's shared parts and the step's flight."""
+"""What every step executor is handed: the dispatcher's shared parts and the step's flight,
+and how a step that talks to a product gets its access token."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from core.crypto import Keyring
+from core.errors import CoordinatorError
+from core.products.token_client import TokenUnavailable
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
-from dispatcher.context import DispatchSettings
+from dispatcher.crash_points import CrashPoints
 from dispatcher.metrics import DispatchMetrics
+from dispatcher.settings import DispatchSettings
 from dispatcher.settle import Settler
+
+log = logging.getLogger("coordinator.dispatcher")
 
 WORKING = "working"
 """Nothing has been sent for this step by this execution."""
@@ -45,8 +52,15 @@ class StepEnv:
     """True once the dispatcher is stopping: start nothing new."""
     jitter: Callable[[], float]
     """Uniform random numbers in [0, 1) for retry delays."""
+    crash_points: CrashPoints
+    """Told the points of the call protocol an execution passes (the kill -9 tests')."""
 
-    @property
-    def namespace(self) -> str:
-        """The deployment's namespace."""
-        return self.store.runtime.config.namespace
+
+async def access_token(env: StepEnv, connection: str) -> str | None:
+    """The connection's access token; ``None`` (logged) when the issuer gives none."""
+    try:
+        return await env.tokens.token(connection)
+    except (TokenUnavailable, CoordinatorError) as exc:
+        # The message names the issuer, client and OAuth error code only.
+        log.warning("no access token for connection %s: %s", connection, exc)
+        return None

@@ -4,8 +4,9 @@
 The order is the whole point:
 
 1. Map the command from the run's values and check it against the operation's command
-   schema. A broken command fails the run with ``invalid-command`` and its JSON pointer;
-   nothing is sent.
+   schema, then build its request (route, body, key) once. A broken command, or one the
+   binding cannot make a request of, fails the run with ``invalid-command`` and its JSON
+   pointer; nothing is sent and no token is asked for.
 2. Obtain the connection's access token (a failure here sends nothing; try again later).
 3. Commit the sealed command and its command key as *prepared* — before a byte leaves.
 4. Send it, outside any transaction, with ``Idempotency-Key: <command key>``.
@@ -24,30 +25,26 @@ an uncertain (or not-sent) step ready again with its command and key kept: its e
 A cancel that committed before step 3 stops the command there (the step ends cancelled in
 the transaction that would have prepared it). An answer that arrives after a cancel is still
 the step's own outcome and is recorded as above, but leads nowhere: no next step, no
-``onRefused``, no retry (see :mod:`dispatcher.settle`).
+``onRefused``, no retry (see :mod:`dispatcher.tx`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from typing import Any
 
+from core.bindings import Binding
+from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
-from core.products.token_client import TokenUnavailable
+from core.payloads import transaction
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
-from dispatcher.adapters import (
-    Binding,
-    ProductRequest,
-    RequestUnbuildable,
-    adapter_for,
-)
+from dispatcher.adapters import AuthorizedRequest, RequestUnbuildable, adapter_for
+from dispatcher.claim import Claimed
 from dispatcher.classify import (
     ACCEPTED,
     REFUSED,
@@ -57,22 +54,12 @@ from dispatcher.classify import (
     classify_failure,
     retry_delay,
 )
-from dispatcher.context import Claimed, RunView, open_json, transaction
-from dispatcher.settle import Failure, Tx
-from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv
+from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
+from dispatcher.run_view import RunView, read_binding, read_command
+from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv, access_token
+from dispatcher.tx import Failure, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
-
-# TEST ONLY: the kill -9 tests (tests/fault/) name a point of the protocol here, and the
-# dispatcher SIGKILLs itself exactly there: "after-prepare" (the command is committed, not
-# sent) or "after-answer" (the product answered, the outcome is not committed). Production
-# never sets it, and nothing else reads it.
-CRASH_AT_ENV = "COORDINATOR_TEST_CRASH_AT"
-
-
-def _crash_point(name: str) -> None:
-    if os.environ.get(CRASH_AT_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
@@ -86,26 +73,18 @@ async def _read_inputs(
     env: StepEnv, claimed: Claimed, run: RunView, step: CallStep
 ) -> tuple[Any, Binding | None]:
     """The stored command of an earlier attempt (or None) and the run's binding."""
-    queries = env.store.queries
     async with transaction(env.store) as conn:
         command: Any = None
         if claimed.command_payload_id is not None:
-            row = await conn.fetchrow(
-                queries["dispatcher_payload_read"], claimed.command_payload_id
+            command = await read_command(
+                conn, env.store, env.keyring, run.id, claimed.command_payload_id
             )
-            if row is None or row["run_id"] != run.id or row["purpose"] != "command":
-                raise CoordinatorError(
-                    "state.payload-unauthentic", "the step's command payload is missing"
-                )
-            command = open_json(env.keyring, env.namespace, run.id, "command", row)
-        binding_row = await conn.fetchrow(
-            queries["dispatcher_binding_read"], run.id, step.connection
-        )
-    return command, None if binding_row is None else Binding.from_row(binding_row)
+        binding = await read_binding(conn, env.store, run.id, step.connection)
+    return command, binding
 
 
 async def _send(
-    env: StepEnv, request: ProductRequest, connection_type: str, flight: Flight
+    env: StepEnv, request: AuthorizedRequest, connection_type: str, flight: Flight
 ) -> Classified:
     """Send one request and classify what came back (or did not)."""
     flight.phase = SENDING
@@ -121,16 +100,6 @@ async def _send(
         result = classify_failure(exc)
     env.metrics.record_call(connection_type, result.result, time.monotonic() - started)
     return result
-
-
-async def _token(env: StepEnv, connection: str) -> str | None:
-    try:
-        return await env.tokens.token(connection)
-    except (TokenUnavailable, CoordinatorError) as exc:
-        # Nothing was sent: the step stays ready and is tried again. The message names
-        # the issuer, client and OAuth error code only.
-        log.warning("no access token for connection %s: %s", connection, exc)
-        return None
 
 
 async def execute(
@@ -155,7 +124,7 @@ async def execute(
     stored, binding = await _read_inputs(env, claimed, run, step)
     if binding is None:
         raise CoordinatorError(
-            "binding.conflict", f"the run has no binding for connection '{step.connection}'"
+            Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
         )
     if stored is not None:
         command = stored
@@ -167,12 +136,13 @@ async def execute(
         command = mapped.value
     key = claimed.command_key or command_key(env.admission_key, run.id, step.id)
     try:
-        adapter.build(op, binding, command, key, token="")
+        request = adapter.build(op, binding, command, key)
     except RequestUnbuildable as unbuildable:
         await _fail(env, claimed, Failure("invalid-command", unbuildable.pointer))
         return
 
-    token = await _token(env, step.connection)
+    # Without a token nothing is sent: the step stays ready and is tried again.
+    token = await access_token(env, step.connection)
     if token is None or env.stopping():
         await env.settler.unprepare(
             claimed, 0.0 if token is not None else env.settings.error_retry_seconds
@@ -195,21 +165,17 @@ async def execute(
     if prepared.first_of_run:
         env.metrics.record_first_dispatch(prepared.since_admission)
 
-    _crash_point("after-prepare")
-    result = await _send(
-        env, adapter.build(op, binding, command, key, token), connection_type, flight
-    )
+    env.crash_points.reached(AFTER_PREPARE)
+    result = await _send(env, request.authorized(token), connection_type, flight)
     if result.result == REFUSED and result.status == 401:
         # The product did not process it; its verdict may only be about a stale token.
         env.tokens.invalidate(step.connection)
-        fresh = await _token(env, step.connection)
+        fresh = await access_token(env, step.connection)
         if fresh is None:
             result = Classified(RETRYABLE, "401, and no fresh token", 401)
         else:
-            result = await _send(
-                env, adapter.build(op, binding, command, key, fresh), connection_type, flight
-            )
-    _crash_point("after-answer")
+            result = await _send(env, request.authorized(fresh), connection_type, flight)
+    env.crash_points.reached(AFTER_ANSWER)
     flight.phase = SETTLING
     await _record(env, claimed, run, step, op, result, prepared.attempts)
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from core.workflow.expr import holds
 from core.workflow.model import ChooseStep
-from dispatcher.context import Claimed, RunView
-from dispatcher.settle import Tx
+from dispatcher.claim import Claimed
+from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
+from dispatcher.tx import Tx
 
 
 def pick(step: ChooseStep, run: RunView) -> str:

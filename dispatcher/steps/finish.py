@@ -8,9 +8,10 @@ onCancel path ends the run cancelled with its outcome.
 from __future__ import annotations
 
 from core.workflow.model import FinishStep
-from dispatcher.context import Claimed, RunView
-from dispatcher.settle import Tx
+from dispatcher.claim import Claimed
+from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
+from dispatcher.tx import Tx
 
 
 async def execute(

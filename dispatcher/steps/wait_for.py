@@ -43,7 +43,6 @@ not kept and leads nowhere.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,16 +50,18 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core import derive
+from core.canonical import parse_json
+from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
-from core.products.token_client import TokenUnavailable
+from core.payloads import transaction
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
-from dispatcher.adapters import Binding
-from dispatcher.context import Claimed, RunView, transaction
-from dispatcher.settle import Failure, Tx
-from dispatcher.steps.base import Flight, StepEnv
+from dispatcher.claim import Claimed
+from dispatcher.run_view import RunView, read_binding
+from dispatcher.steps.base import Flight, StepEnv, access_token
+from dispatcher.tx import Failure, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -96,7 +97,7 @@ def interpret(status: int, body: bytes) -> Read:
     """Classify an answer of ``GET …/review-requests/{reviewId}``. Never quotes the body."""
     if 200 <= status < 300:
         try:
-            document: Any = json.loads(body)
+            document: Any = parse_json(body)
         except (UnicodeDecodeError, ValueError):
             return Read(FAILED, f"{status} with a body that is not JSON", status)
         state = document.get("status") if isinstance(document, dict) else None
@@ -139,12 +140,6 @@ class _Target:
     match: bytes
 
 
-async def _binding(env: StepEnv, run: RunView, connection: str) -> Binding | None:
-    async with transaction(env.store) as conn:
-        row = await conn.fetchrow(env.store.queries["dispatcher_binding_read"], run.id, connection)
-    return None if row is None else Binding.from_row(row)
-
-
 async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Failure:
     """The read's URL and the wait's digest, or the failure that ends the run."""
     kind = run.workflow.connections[step.connection]
@@ -153,7 +148,7 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
         # The checker refuses a wait-for on a result the catalogue lacks; a package that
         # still names one cannot be waited on.
         raise CoordinatorError(
-            "deployment.refused", f"{kind} has no result {step.result!r} to wait for"
+            Code.DEPLOYMENT_REFUSED, f"{kind} has no result {step.result!r} to wait for"
         )
     field = result.identifying[0].name
     pointer = f"/{field}"
@@ -163,10 +158,11 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
         return Failure("mapping-invalid", pointer)
     if not isinstance(identity, str) or not identity:
         return Failure("mapping-invalid", pointer)
-    binding = await _binding(env, run, step.connection)
+    async with transaction(env.store) as conn:
+        binding = await read_binding(conn, env.store, run.id, step.connection)
     if binding is None:
         raise CoordinatorError(
-            "binding.conflict", f"the run has no binding for connection '{step.connection}'"
+            Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
         )
     try:
         path = catalogue.fill_path(result.path, {"profile": binding.profile, field: identity})
@@ -176,14 +172,6 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
         url=binding.base_url.rstrip("/") + path,
         match=derive.wait_match(env.admission_key, step.connection, step.result, identity),
     )
-
-
-async def _token(env: StepEnv, connection: str) -> str | None:
-    try:
-        return await env.tokens.token(connection)
-    except (TokenUnavailable, CoordinatorError) as exc:
-        log.warning("no access token for connection %s: %s", connection, exc)
-        return None
 
 
 async def _get(env: StepEnv, url: str, token: str) -> Read:
@@ -199,14 +187,14 @@ async def _get(env: StepEnv, url: str, token: str) -> Read:
 
 async def read_result(env: StepEnv, connection: str, url: str) -> Read:
     """One read of a result (a second one after a 401, with a fresh token)."""
-    token = await _token(env, connection)
+    token = await access_token(env, connection)
     if token is None:
         return Read(FAILED, "no access token")
     read = await _get(env, url, token)
     if read.status != 401:
         return read
     env.tokens.invalidate(connection)
-    fresh = await _token(env, connection)
+    fresh = await access_token(env, connection)
     if fresh is None:
         return Read(FAILED, "401, and no fresh token")
     return await _get(env, url, fresh)
@@ -234,7 +222,6 @@ async def execute(
         await env.settler.settle(claimed, fail)
         return
 
-    queries = env.store.queries
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
     entering = claimed.state == "ready"
 
@@ -245,11 +232,9 @@ async def execute(
         timeout_at = None
         if step.timeout_seconds is not None and step.on_timeout is not None:
             timeout_at = tx.now + timedelta(seconds=step.timeout_seconds)
-        await tx.conn.fetchrow(
-            queries["waits_plan_check"], run.id, step.id, target.match, timeout_at, delay
-        )
+        await tx.plan_check(target.match, timeout_at, delay)
         if entering:
-            await tx.conn.execute(queries["dispatcher_run_progress"], run.id, "waiting")
+            await tx.mark_run_waiting()
         return True
 
     _, planned = await env.settler.settle(claimed, plan)
@@ -276,20 +261,20 @@ async def execute(
             await tx.cancel()
             return
         if read.kind == DECIDED and read.result is not None:
-            await tx.conn.execute(queries["waits_last_check"], run.id, step.id)
+            await tx.count_last_check()
             await tx.keep("wait-result", dict(read.result))
-            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, False)
+            await tx.set_attention(False)
             await tx.advance(run.workflow, step.next)
             return
         if _timed_out(tx, step) and step.on_timeout is not None:
-            await tx.conn.execute(queries["waits_last_check"], run.id, step.id)
+            await tx.count_last_check()
             # The wait is over either way; a mark left by refused reads no longer applies.
-            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, False)
+            await tx.set_attention(False)
             await tx.advance(run.workflow, step.on_timeout)
             return
-        await tx.conn.fetchrow(queries["waits_schedule"], run.id, step.id)
+        await tx.schedule_check()
         if read.kind in (REFUSED, PENDING):
-            await tx.conn.fetchrow(queries["waits_run_attention"], run.id, read.kind == REFUSED)
+            await tx.set_attention(read.kind == REFUSED)
 
     # A lost lease is logged by the settler.
     await env.settler.settle(claimed, record)

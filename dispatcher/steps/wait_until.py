@@ -16,9 +16,10 @@ from core import clock
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitUntilStep
 from core.workflow.schema import is_rfc3339
-from dispatcher.context import Claimed, RunView
-from dispatcher.settle import Failure, Tx
+from dispatcher.claim import Claimed
+from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
+from dispatcher.tx import Failure, Tx
 
 AT_POINTER = "/at"
 

@@ -4,11 +4,19 @@
 registered for its host, so an issuer, stand-ins and a fake coordinator can talk to each
 other inside one event loop without sockets. A host with no application behaves like a
 server that is down (``httpx.ConnectError``).
+
+``run_walkthrough`` runs one of devstack's scripted walk-throughs (the quickstart, the
+restore rehearsal) in a child process, as a user would run it with ``make``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +98,34 @@ def client_for(
 ) -> RegisteredClient:
     """The registration of a client whose private key the test holds."""
     return RegisteredClient(client_id, (public_jwk(private_jwk),), frozenset(scopes))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_walkthrough(module: str, state_variable: str, expected: Iterable[str]) -> None:
+    """Run ``python -m module`` from the repository root with its state in a fresh folder
+    named by ``state_variable``; check that it exits 0 without a traceback, prints each of
+    ``expected``, and leaves no process behind."""
+    # A short folder: the coordinator's Unix socket paths must fit in about 100 bytes.
+    state = Path(tempfile.mkdtemp(prefix="wt-"))
+    result = subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=ROOT,
+        env={**os.environ, state_variable: str(state)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    shutil.rmtree(state, ignore_errors=True)
+    assert result.returncode == 0, output[-4000:]
+    assert "Traceback" not in output
+    for line in expected:
+        assert line in output, line
+    # Nothing keeps running: no process still has the state folder on its command line.
+    leftovers = subprocess.run(
+        ["pgrep", "-f", str(state)], capture_output=True, text=True, check=False
+    )
+    assert leftovers.stdout.strip() == ""

@@ -13,11 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,21 @@ import asyncpg
 import httpx
 import yaml
 
-from core import deploy
-from core.config.model import CheckedDeployment
-from core.crypto import Keyring, keyring_from_config
+from core.crypto import keyring_from_config
 from core.derive import command_key
-from core.keys import resolver_for
-from core.rpc.transport import Endpoints
-from core.runtime import Runtime, Store
-from core.workflow.package import MANIFEST, SOURCE, build_manifest, digest_of
-from devstack.issuer import DevIssuer, IssuerState, generate_private_jwk
+from core.runtime import Store
+from devstack.issuer import DevIssuer, generate_private_jwk
 from devstack.postgres import DatabaseHandle
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
-from dispatcher.context import DispatchSettings, open_json
 from dispatcher.engine import Dispatcher, product_client
+from tests.helpers.base_kit import (
+    ISSUER,
+    BaseKit,
+    applied,
+    dev_issuer,
+    write_packages,
+)
 from tests.helpers.deployment import (
     TestDeployment,
     drop_deployment,
@@ -48,7 +48,6 @@ from tests.helpers.deployment import (
 from tests.helpers.devstack_kit import HostRouter, client_for
 from tests.helpers.runs import insert_started_run
 
-ISSUER = "https://issuer.example.org"
 MESSAGING = "https://messaging.internal.example.org"
 CLIENT = "coordinator-notices"
 FORMAT = "registry-coordinator/workflow/v1"
@@ -65,12 +64,15 @@ INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def _send(recipient: str = "${input.applicantRef}") -> dict[str, Any]:
+def notice_call(
+    template: str = "test-notice", recipient: str = "${input.applicantRef}"
+) -> dict[str, Any]:
+    """The body of a Messaging ``send-notice`` call step (kept: ``messageId``)."""
     return {
         "connection": "notices",
         "operation": "send-notice",
         "input": {
-            "template": "test-notice",
+            "template": template,
             "recipientRef": recipient,
             "parameters": {"run": "${run.id}"},
         },
@@ -101,7 +103,7 @@ WORKFLOWS: dict[str, bytes] = {
         "notice",
         ["sent"],
         "send",
-        {"send": {"call": _send(), "next": "sent"}, "sent": {"finish": {"outcome": "sent"}}},
+        {"send": {"call": notice_call(), "next": "sent"}, "sent": {"finish": {"outcome": "sent"}}},
     ),
     # call with onRefused
     "notice-refusable": _workflow(
@@ -109,7 +111,7 @@ WORKFLOWS: dict[str, bytes] = {
         ["sent", "turned-down"],
         "send",
         {
-            "send": {"call": _send(), "next": "sent", "onRefused": "turned-down"},
+            "send": {"call": notice_call(), "next": "sent", "onRefused": "turned-down"},
             "sent": {"finish": {"outcome": "sent"}},
             "turned-down": {"finish": {"outcome": "turned-down"}},
         },
@@ -120,7 +122,7 @@ WORKFLOWS: dict[str, bytes] = {
         ["sent"],
         "send",
         {
-            "send": {"call": _send("${input.optionalRef}"), "next": "sent"},
+            "send": {"call": notice_call(recipient="${input.optionalRef}"), "next": "sent"},
             "sent": {"finish": {"outcome": "sent"}},
         },
     ),
@@ -130,7 +132,7 @@ WORKFLOWS: dict[str, bytes] = {
         ["kept", "lost"],
         "send",
         {
-            "send": {"call": _send(), "next": "check"},
+            "send": {"call": notice_call(), "next": "check"},
             "check": {
                 "choose": [{"when": {"exists": "${steps.send.messageId}"}, "next": "kept"}],
                 "otherwise": "lost",
@@ -177,18 +179,6 @@ WORKFLOWS: dict[str, bytes] = {
 }
 
 
-def write_package(directory: Path, source: bytes) -> tuple[Path, str]:
-    """Write a package of ``source`` under ``directory``; answers its root and digest."""
-    document = yaml.safe_load(source)
-    workflow_id, version = document["id"], document["version"]
-    manifest = build_manifest(workflow_id, version, document["connections"], source)
-    root = directory / f"{workflow_id}-{version}"
-    root.mkdir(parents=True)
-    (root / SOURCE).write_bytes(source)
-    (root / MANIFEST).write_bytes(manifest)
-    return root, digest_of(manifest)
-
-
 class ScriptedProduct:
     """A product that answers from a script: one (status, body) per request, the last one
     repeated. It records every request (method, path, headers, body)."""
@@ -227,73 +217,22 @@ class ScriptedProduct:
 
 
 @dataclass
-class DispatchKit:
+class DispatchKit(BaseKit):
     """Everything a dispatcher test needs; see the module docstring."""
 
-    deployment: TestDeployment
-    checked: CheckedDeployment
-    runtime: Runtime
-    admission: Store
-    db: asyncpg.Connection
-    router: HostRouter
     issuer: DevIssuer
     messaging: MessagingStandIn
-    http: httpx.AsyncClient
-    keyring: Keyring
     admission_key: bytes
-    stores: list[Store] = field(default_factory=list)
-
-    @property
-    def ns(self) -> str:
-        """The quoted namespace, for test SQL."""
-        return f'"{self.deployment.namespace}"'
-
-    async def dispatcher(
-        self, settings: DispatchSettings | None = None, owner: str | None = None
-    ) -> Dispatcher:
-        """A dispatcher with its own verified store and this kit's HTTP routing."""
-        store = Store(self.runtime, "dispatcher")
-        self.stores.append(store)
-        await store.open()
-        await store.verify()
-        return Dispatcher.from_store(store, self.http, settings=settings, owner=owner)
 
     async def start(self, workflow_id: str, run_input: dict[str, Any]) -> str:
         """Admit a run; answers its id."""
         return await insert_started_run(self.admission, self.checked, workflow_id, run_input)
 
-    async def run(self, run_id: str) -> asyncpg.Record:
-        """The run's row."""
-        row = await self.db.fetchrow(f"SELECT * FROM {self.ns}.run WHERE id = $1", run_id)
-        assert row is not None
-        return row
-
     async def step(self, run_id: str, step_id: str) -> asyncpg.Record:
         """One step row."""
-        row = await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.step WHERE run_id = $1 AND step_id = $2", run_id, step_id
-        )
+        row = await self.find_step(run_id, step_id)
         assert row is not None
         return row
-
-    async def step_ids(self, run_id: str) -> list[str]:
-        """The steps the run reached, in order."""
-        rows = await self.db.fetch(
-            f"SELECT step_id FROM {self.ns}.step WHERE run_id = $1 ORDER BY seq", run_id
-        )
-        return [row["step_id"] for row in rows]
-
-    async def payload(self, run_id: str, step_id: str, purpose: str) -> Any:
-        """A step's payload, decrypted; ``None`` when there is none."""
-        row = await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.payload WHERE run_id = $1 AND step_id = $2 AND purpose = $3",
-            run_id,
-            step_id,
-            purpose,
-        )
-        if row is None:
-            return None
-        return open_json(self.keyring, self.deployment.namespace, run_id, purpose, row)
 
     def key(self, run_id: str, step_id: str = "send") -> str:
         """The command key of a step."""
@@ -316,28 +255,27 @@ class DispatchKit:
 
 
 @asynccontextmanager
-async def dispatch_kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
-    """An applied deployment of :data:`WORKFLOWS` with issuer and Messaging stand-in."""
+async def dispatch_kit(
+    tmp_path: Path,
+    database: DatabaseHandle,
+    *,
+    workflows: Mapping[str, bytes] | None = None,
+    connections: dict[str, Any] | None = None,
+) -> AsyncIterator[DispatchKit]:
+    """An applied deployment of ``workflows`` (:data:`WORKFLOWS` unless given) with issuer
+    and Messaging stand-in; ``connections`` replaces the deployment's connections (each
+    signing with ``secret:file/notices-client.jwk``)."""
     deployment = TestDeployment.create(tmp_path, database, workflows=())
-    packages = []
-    for source in WORKFLOWS.values():
-        root, digest = write_package(deployment.packages_dir, source)
-        packages.append({"root": str(root), "expectedDigest": digest})
-    deployment.doc["deployment"]["packages"] = packages
+    write_packages(deployment, (WORKFLOWS if workflows is None else workflows).values())
+    if connections is not None:
+        deployment.doc["connections"] = connections
     jwk = generate_private_jwk("ES256")
     write_secret(deployment.secrets, "notices-client.jwk", json.dumps(jwk).encode())
-    checked = deployment.checked()
-    await deploy.apply(checked, [])
-    resolver = resolver_for(checked.config)
-    runtime = Runtime(checked, resolver, Endpoints({}), recovery_only=False)
+    checked, resolver, runtime = await applied(deployment)
 
     router = HostRouter()
     http = product_client(router)
-    issuer = DevIssuer(
-        IssuerState.create(tmp_path / "issuer", ISSUER),
-        [client_for(CLIENT, jwk, {"messages:send", "receipts:read"})],
-        clock=time.time,
-    )
+    issuer = dev_issuer(tmp_path, [client_for(CLIENT, jwk, {"messages:send", "receipts:read"})])
     messaging = MessagingStandIn(
         StandInSettings(base_url=MESSAGING, issuer=ISSUER, allowed_clients=frozenset({CLIENT})),
         http=httpx.AsyncClient(transport=router),
@@ -355,20 +293,16 @@ async def dispatch_kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterato
         admission=admission,
         db=db,
         router=router,
-        issuer=issuer,
-        messaging=messaging,
         http=http,
         keyring=keyring_from_config(checked.config, resolver),
+        issuer=issuer,
+        messaging=messaging,
         admission_key=resolver.read_key(checked.config.deployment.admission_key_ref),
     )
     try:
         yield kit
     finally:
-        for store in kit.stores:
-            await store.close()
-        await admission.close()
-        await db.close()
-        await http.aclose()
+        await kit.close()
         await messaging.aclose()
         await messaging.http.aclose()
         await drop_deployment(database, deployment.namespace)

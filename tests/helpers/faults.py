@@ -23,11 +23,11 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import httpx
 import yaml
@@ -138,6 +138,8 @@ def wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
 
 # ---------------------------------------------------------------------------------- stack
 
+S = TypeVar("S", bound="FaultStack")
+
 
 @dataclass
 class FaultStack:
@@ -150,6 +152,9 @@ class FaultStack:
     admission_key: bytes
     producer_token: str
     operator_token: str
+    token_files: dict[str, Path]
+    """The producer's and the operator's token files, by role."""
+    audit_key: bytes
     _names: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _keys: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _pinned: datetime | None = None
@@ -384,19 +389,41 @@ def _short_workdir() -> Path:
 @contextlib.contextmanager
 def fault_stack(database: DatabaseHandle, *, test_clock: bool = True) -> Iterator[FaultStack]:
     """A deployed local stack with its issuer and stand-in running; stopped on exit."""
+    with deployed_stack(
+        database,
+        FaultStack,
+        lambda build: [build_call_package(build)],
+        "fault",
+        test_clock=test_clock,
+    ) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def deployed_stack(
+    database: DatabaseHandle,
+    kind: type[S],
+    packages: Callable[[Path], list[tuple[Path, str]]],
+    token_prefix: str,
+    *,
+    test_clock: bool,
+) -> Iterator[S]:
+    """A local stack of the ``packages`` built under a folder, deployed, its issuer and
+    stand-ins running, a producer and an operator token minted, as a ``kind``; the clock
+    pinned to now when ``test_clock``. Stopped and removed on exit."""
     workdir = _short_workdir()
     local: LocalStack | None = None
     try:
-        package = build_call_package(workdir / "build")
-        local = LocalStack.prepare(workdir / "stack", packages=[package], database=database)
+        built = packages(workdir / "build")
+        local = LocalStack.prepare(workdir / "stack", packages=built, database=database)
         local.start_products()
         asyncio.run(apply(check_runtime_file(local.runtime_file), []))
         tokens = workdir / "tokens"
         tokens.mkdir(mode=0o700)
-        producer = local.mint("producer", "fault-producer", tokens / "producer")
-        operator = local.mint("operator", "fault-operator", tokens / "operator")
+        producer = local.mint("producer", f"{token_prefix}-producer", tokens / "producer")
+        operator = local.mint("operator", f"{token_prefix}-operator", tokens / "operator")
         secrets_dir = Path(local.summary["runtimeFile"]).parent / "secrets"
-        stack = FaultStack(
+        stack = kind(
             local=local,
             database=database,
             workdir=workdir,
@@ -404,6 +431,8 @@ def fault_stack(database: DatabaseHandle, *, test_clock: bool = True) -> Iterato
             admission_key=(secrets_dir / "admission-key").read_bytes(),
             producer_token=producer.read_text().strip(),
             operator_token=operator.read_text().strip(),
+            token_files={"producer": producer, "operator": operator},
+            audit_key=(secrets_dir / "audit-key").read_bytes(),
         )
         if test_clock:
             # The wall clock's instant to begin with: tokens and the stand-in keep real time.

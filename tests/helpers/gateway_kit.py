@@ -19,11 +19,13 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
+from core.codes import Code
 from core.config.model import DEPLOYMENT_ACTIONS, Policy
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
+from core.runs import StartResult
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
 from gateway.backend import (
@@ -32,7 +34,6 @@ from gateway.backend import (
     ComponentHealth,
     Document,
     ListQuery,
-    StartResult,
 )
 from gateway.policies import RunOwner
 from gateway.routes import GatewayContext
@@ -161,7 +162,7 @@ class FakeBackend:
         if identity in self.starts:
             run_id, known_input = self.starts[identity]
             if known_input != input_json:
-                raise CoordinatorError("start.conflict", "the key was used with another input")
+                raise CoordinatorError(Code.START_CONFLICT, "the key was used with another input")
             return StartResult(False, run_id, status_document(run_id))
         self.starts[identity] = (RUN_A, input_json)
         return StartResult(True, RUN_A, status_document(RUN_A))
@@ -259,18 +260,18 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
     async def Start(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.requests.append(request)
         if request.workflow_id == "missing":
-            raise CoordinatorError("workflow.not-found", "no such workflow")
+            raise CoordinatorError(Code.WORKFLOW_NOT_FOUND, "no such workflow")
         return pb.StartReply(
             created=True, run_id=RUN_A, status_json=json.dumps(status_document(RUN_A))
         )
 
     @refusals
     async def StartFromEvent(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise CoordinatorError("authentication.refused", "not in this test")
+        raise CoordinatorError(Code.AUTHENTICATION_REFUSED, "not in this test")
 
     @refusals
     async def ReviewCompletion(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise CoordinatorError("authentication.refused", "not in this test")
+        raise CoordinatorError(Code.AUTHENTICATION_REFUSED, "not in this test")
 
     @refusals
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -296,7 +297,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
     @refusals
     async def Status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.run_id != RUN_A:
-            raise CoordinatorError("run.not-found", "no such run")
+            raise CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
         return pb.Document(json=json.dumps(status_document(RUN_A)))
 
     @refusals
@@ -315,7 +316,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
     @refusals
     async def RunAction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.requests.append(request)
-        raise CoordinatorError("reconcile.unsupported", "this product keeps no receipts")
+        raise CoordinatorError(Code.RECONCILE_UNSUPPORTED, "this product keeps no receipts")
 
     @refusals
     async def OperatorAction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -343,7 +344,7 @@ class FakeAudit(pb_grpc.AuditServicer):
     @refusals
     async def Append(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if self.broken:
-            raise CoordinatorError("audit.response-unavailable", "the journal cannot be written")
+            raise CoordinatorError(Code.AUDIT_RESPONSE_UNAVAILABLE, "the journal cannot be written")
         self.records.extend(request.records)
         return pb.AppendReply(seqs=list(range(1, len(request.records) + 1)))
 

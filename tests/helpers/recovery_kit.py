@@ -20,18 +20,16 @@ as JSON lines and matched on ``runRef``, the keyed hash of the run id.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
-import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,18 +37,16 @@ import httpx
 import yaml
 
 from auditd.journal import keyed_ref
-from core.config.check import check_runtime_file
-from core.deploy import apply
 from core.derive import command_key
 from core.workflow.package import build_package
 from devstack.postgres import DatabaseHandle
-from devstack.stack import LocalStack, wait_until
+from devstack.stack import wait_until
 from tests.helpers.faults import (
     CALL_STEP,
     WAIT_SECONDS,
     FaultStack,
-    _short_workdir,
     children_of,
+    deployed_stack,
     kill,
     wait_exit,
 )
@@ -222,8 +218,6 @@ class CtlResult:
 class RecoveryStack(FaultStack):
     """A :class:`FaultStack` of the kit's workflows, with coordinatorctl and the journal."""
 
-    token_files: dict[str, Path] = field(default_factory=dict)
-    audit_key: bytes = b""
     _starts: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     # ---- the coordinator
@@ -401,36 +395,10 @@ class RecoveryStack(FaultStack):
 @contextlib.contextmanager
 def recovery_stack(database: DatabaseHandle, *, test_clock: bool = True) -> Iterator[RecoveryStack]:
     """A deployed local stack of the kit's workflows, issuer and stand-ins running."""
-    workdir = _short_workdir()
-    local: LocalStack | None = None
-    try:
-        packages = build_packages(workdir / "build")
-        local = LocalStack.prepare(workdir / "stack", packages=packages, database=database)
-        local.start_products()
-        asyncio.run(apply(check_runtime_file(local.runtime_file), []))
-        tokens = workdir / "tokens"
-        tokens.mkdir(mode=0o700)
-        producer = local.mint("producer", "recovery-producer", tokens / "producer")
-        operator = local.mint("operator", "recovery-operator", tokens / "operator")
-        secrets_dir = Path(local.summary["runtimeFile"]).parent / "secrets"
-        stack = RecoveryStack(
-            local=local,
-            database=database,
-            workdir=workdir,
-            clock_file=workdir / "clock" if test_clock else None,
-            admission_key=(secrets_dir / "admission-key").read_bytes(),
-            producer_token=producer.read_text().strip(),
-            operator_token=operator.read_text().strip(),
-            token_files={"producer": producer, "operator": operator},
-            audit_key=(secrets_dir / "audit-key").read_bytes(),
-        )
-        if test_clock:
-            stack.pin_clock(datetime.now(UTC))
+    with deployed_stack(
+        database, RecoveryStack, build_packages, "recovery", test_clock=test_clock
+    ) as stack:
         yield stack
-    finally:
-        if local is not None:
-            local.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +28,23 @@ import httpx
 from admission.completions import CompletionWaker
 from admission.events import EventAdmitter
 from admission.start import Admitter
-from core import deploy
-from core.config.model import CheckedDeployment
-from core.crypto import Keyring, keyring_from_config
-from core.keys import resolver_for
-from core.rpc.transport import Endpoints
-from core.runtime import Runtime, Store
+from core.crypto import keyring_from_config
+from core.runs import StartResult
+from core.runtime import Store
 from core.workflow.package import build_package
-from devstack.issuer import DevIssuer, IssuerState, generate_private_jwk
+from devstack.issuer import generate_private_jwk
 from devstack.postgres import DatabaseHandle
 from devstack.products.casework import CaseworkStandIn, CompletionDestination, TrustedProducer
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
-from dispatcher.context import DispatchSettings, open_json
-from dispatcher.engine import Dispatcher, product_client
+from dispatcher.engine import product_client
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
-from gateway.backend import AuditRecord, StartResult
+from gateway.backend import AuditRecord
 from gateway.completions import CompletionHandler, load_credentials
 from gateway.events import EventHandler, load_sources
 from gateway.routes import GatewayContext
+from tests.helpers.base_kit import ISSUER, BaseKit, applied, dev_issuer
 from tests.helpers.deployment import (
     TestDeployment,
     drop_deployment,
@@ -59,7 +55,6 @@ from tests.helpers.devstack_kit import HostRouter, client_for
 from tests.helpers.runs import insert_started_run
 
 ROOT = Path(__file__).resolve().parents[2]
-ISSUER = "https://issuer.example.org"
 CASEWORK = "https://casework.internal.example.org"
 MESSAGING = "https://messaging.internal.example.org"
 COORDINATOR = "https://coordinator.example.org"
@@ -111,59 +106,25 @@ class CountingStarter:
 
 
 @dataclass
-class ReviewKit:
+class ReviewKit(BaseKit):
     """Everything a review-wait test needs; see the module docstring."""
 
-    deployment: TestDeployment
-    checked: CheckedDeployment
-    runtime: Runtime
-    admission: Store
-    db: asyncpg.Connection
-    router: HostRouter
     casework: CaseworkStandIn
     messaging: MessagingStandIn
-    http: httpx.AsyncClient
-    keyring: Keyring
     completion_token: str
     event_key: bytes
     waker: CountingWaker
     starter: CountingStarter
     audits: AuditLog
     coordinator: httpx.AsyncClient
-    stores: list[Store] = field(default_factory=list)
-
-    @property
-    def ns(self) -> str:
-        """The quoted namespace, for test SQL."""
-        return f'"{self.deployment.namespace}"'
-
-    async def dispatcher(self, settings: DispatchSettings | None = None) -> Dispatcher:
-        """A dispatcher with its own verified store and this kit's HTTP routing."""
-        store = Store(self.runtime, "dispatcher")
-        self.stores.append(store)
-        await store.open()
-        await store.verify()
-        return Dispatcher.from_store(store, self.http, settings=settings)
 
     async def start(self, run_input: dict[str, Any] | None = None) -> str:
         """Admit an approval-notice run; answers its id."""
         return await insert_started_run(self.admission, self.checked, WORKFLOW, run_input or INPUT)
 
-    async def run(self, run_id: str) -> asyncpg.Record:
-        row = await self.db.fetchrow(f"SELECT * FROM {self.ns}.run WHERE id = $1", run_id)
-        assert row is not None
-        return row
-
     async def step(self, run_id: str, step_id: str = WAIT) -> asyncpg.Record | None:
-        return await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.step WHERE run_id = $1 AND step_id = $2", run_id, step_id
-        )
-
-    async def step_ids(self, run_id: str) -> list[str]:
-        rows = await self.db.fetch(
-            f"SELECT step_id FROM {self.ns}.step WHERE run_id = $1 ORDER BY seq", run_id
-        )
-        return [row["step_id"] for row in rows]
+        """One step row (the wait's unless named); ``None`` when not reached."""
+        return await self.find_step(run_id, step_id)
 
     async def steps_snapshot(self) -> list[tuple[Any, ...]]:
         """Every step's scheduling columns, to show that nothing changed."""
@@ -172,19 +133,6 @@ class ReviewKit:
             f"FROM {self.ns}.step ORDER BY run_id, seq"
         )
         return [tuple(row) for row in rows]
-
-    async def payload(self, run_id: str, step_id: str | None, purpose: str) -> Any:
-        """A payload, decrypted; ``None`` when there is none."""
-        row = await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.payload WHERE run_id = $1 "
-            "AND step_id IS NOT DISTINCT FROM $2 AND purpose = $3",
-            run_id,
-            step_id,
-            purpose,
-        )
-        if row is None:
-            return None
-        return open_json(self.keyring, self.deployment.namespace, run_id, purpose, row)
 
     async def review_id(self, run_id: str) -> str:
         """The review the run asked Casework for (its kept ``reviewId``)."""
@@ -284,22 +232,18 @@ async def review_kit(
     write_secret(deployment.secrets, "review-completion-token", token.encode())
     event_key = secrets.token_bytes(32)
     write_secret(deployment.secrets, "intake-event-hmac", event_key)
-    checked = deployment.checked()
-    await deploy.apply(checked, [])
-    resolver = resolver_for(checked.config)
-    runtime = Runtime(checked, resolver, Endpoints({}), recovery_only=False)
+    checked, resolver, runtime = await applied(deployment)
 
     router = HostRouter()
     http = product_client(router)
-    issuer = DevIssuer(
-        IssuerState.create(tmp_path / "issuer", ISSUER),
+    issuer = dev_issuer(
+        tmp_path,
         [
             client_for(
                 REVIEW_CLIENT, review_jwk, {"review-requests:write", "review-requests:read"}
             ),
             client_for(NOTICES_CLIENT, notices_jwk, {"messages:send", "receipts:read"}),
         ],
-        clock=time.time,
     )
     destination = CompletionDestination(
         url=f"{COORDINATOR}/v1/review-completions", token=token, recipient_binding=BINDING
@@ -357,10 +301,10 @@ async def review_kit(
         admission=admission,
         db=db,
         router=router,
-        casework=casework,
-        messaging=messaging,
         http=http,
         keyring=keyring_from_config(checked.config, resolver),
+        casework=casework,
+        messaging=messaging,
         completion_token=token,
         event_key=event_key,
         waker=waker,
@@ -373,11 +317,7 @@ async def review_kit(
     finally:
         await casework.aclose()
         await messaging.aclose()
-        for store in kit.stores:
-            await store.close()
-        await admission.close()
-        await db.close()
+        await kit.close()
         await coordinator.aclose()
-        await http.aclose()
         await stand_in_http.aclose()
         await drop_deployment(database, deployment.namespace)

@@ -23,9 +23,9 @@ from core.config.model import CheckedDeployment
 from core.crypto import keyring_from_config, seal
 from core.derive import api_start_identity, run_id
 from core.keys import resolver_for
+from core.payloads import encode_json
 from core.runtime import Store
 from core.workflow.model import step_kind
-from dispatcher.context import encode_json
 
 PRINCIPAL = ("https://issuer.example.org", "test-principal")
 CLIENT_ID = "test-client"

@@ -11,11 +11,15 @@ checks the file may need it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from core.config import check_runtime_file
+from core.errors import ConfigInvalid
 from tests.helpers.packages import make_package
 
 DATABASE_ID = "5b8e3c1e-7d2a-4c1f-9a57-0b8f1a2d9c44"
@@ -184,29 +188,45 @@ def write_runtime(path: Path, document: Any) -> Path:
 Mutation = Callable[[dict[str, Any], Path], None]
 """Edits a runtime document in place; the path is the test's folder (for extra packages)."""
 
-
-def _walk(document: Any, path: tuple[Any, ...]) -> Any:
-    for part in path:
-        document = document[part]
-    return document
+_DELETE = object()
 
 
-def put(path: tuple[Any, ...], value: Any) -> Mutation:
-    """Set the value at ``path`` (keys and list positions), creating the last key."""
+@dataclass(frozen=True, eq=False)
+class Edit:
+    """Sets the entry at ``keys`` (keys and list positions) to ``value``, or deletes it."""
 
-    def mutate(document: dict[str, Any], _: Path) -> None:
-        _walk(document, path[:-1])[path[-1]] = value
+    keys: tuple[str | int, ...]
+    value: Any = _DELETE
 
-    return mutate
+    def __call__(self, document: dict[str, Any], _: Path) -> None:
+        parent: Any = document
+        for key in self.keys[:-1]:
+            parent = parent[key]
+        if self.value is _DELETE:
+            del parent[self.keys[-1]]
+        else:
+            parent[self.keys[-1]] = self.value
+
+    @property
+    def path(self) -> str:
+        """The key path a refusal names for this entry: ``("a", 1, "b")`` is ``a[1].b``."""
+        parts: list[str] = []
+        for key in self.keys:
+            if isinstance(key, int):
+                parts.append(f"[{key}]")
+            else:
+                parts.append(f".{key}" if parts else key)
+        return "".join(parts)
 
 
-def drop(path: tuple[Any, ...]) -> Mutation:
-    """Delete the entry at ``path``."""
+def put(keys: tuple[str | int, ...], value: Any) -> Edit:
+    """Set the value at ``keys``, creating the last key."""
+    return Edit(keys, value)
 
-    def mutate(document: dict[str, Any], _: Path) -> None:
-        del _walk(document, path[:-1])[path[-1]]
 
-    return mutate
+def drop(keys: tuple[str | int, ...]) -> Edit:
+    """Delete the entry at ``keys``."""
+    return Edit(keys)
 
 
 def both(*mutations: Mutation) -> Mutation:
@@ -217,3 +237,29 @@ def both(*mutations: Mutation) -> Mutation:
             mutation(document, directory)
 
     return mutate
+
+
+# -- refusal cases: the offline check refuses an edited document at one key path ---------
+
+
+def refusal(case_id: str, mutation: Mutation, at: str | None = None) -> pytest.ParameterSet:
+    """A ``(mutation, path)`` case: the edited document is refused at ``at``, by default at
+    the entry an :class:`Edit` touches."""
+    if at is None:
+        if not isinstance(mutation, Edit):
+            raise TypeError(f"{case_id}: only an Edit knows its path; name the refused one")
+        at = mutation.path
+    return pytest.param(mutation, at, id=case_id)
+
+
+def assert_refused_at(directory: Path, mutation: Mutation, path: str) -> None:
+    """Check that :func:`complete_runtime`, edited by ``mutation``, is refused with
+    ``config.invalid`` at exactly ``path``."""
+    document = complete_runtime(directory)
+    mutation(document, directory)
+    runtime = write_runtime(directory / "runtime.yaml", document)
+    with pytest.raises(ConfigInvalid) as caught:
+        check_runtime_file(runtime)
+    assert caught.value.code == "config.invalid"
+    assert caught.value.path == path
+    assert caught.value.cli_line().startswith(f"coordinator.config.invalid: {path}: ")

@@ -4,16 +4,18 @@ the serving components (no launcher, no child processes).
 ``served(tmp_path, database)`` applies a fresh namespace, builds the :class:`Runtime` the
 launcher would (with Unix sockets in a short temporary folder, since socket paths are
 limited to about 100 bytes), and opens and verifies one store per component.
+``serving(admission=...)`` runs components' ``serve`` functions for the length of a block.
 """
 
 # Test SQL names the test's own namespace, made by unique_namespace(), never input.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,3 +107,44 @@ async def served(
             await store.close()
         shutil.rmtree(sockets, ignore_errors=True)
         await drop_deployment(database, deployment.namespace)
+
+
+Server = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+"""A component's ``serve`` with its other arguments bound: it sets the event once listening."""
+
+START_SECONDS = 30
+
+
+@contextlib.asynccontextmanager
+async def serving(**servers: Server) -> AsyncIterator[None]:
+    """Run each named server until the block ends; enter the block once every one has
+    started, and fail with the cause if one ends before."""
+    loop = asyncio.get_running_loop()
+    started = {name: asyncio.Event() for name in servers}
+    tasks: dict[str, asyncio.Task[Any]] = {
+        name: asyncio.create_task(server(started[name])) for name, server in servers.items()
+    }
+    waiting: dict[str, asyncio.Task[Any]] = {
+        name: asyncio.create_task(event.wait()) for name, event in started.items()
+    }
+    try:
+        deadline = loop.time() + START_SECONDS
+        while waiting:
+            done, _ = await asyncio.wait(
+                [*tasks.values(), *waiting.values()],
+                timeout=deadline - loop.time(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            for name, task in tasks.items():
+                if task in done:
+                    task.result()  # serve ended early: show why
+                    raise AssertionError(f"{name} ended before it started")
+            assert done, f"{', '.join(waiting)} did not start"
+            waiting = {name: waiter for name, waiter in waiting.items() if waiter not in done}
+        yield
+    finally:
+        for task in [*waiting.values(), *tasks.values()]:
+            task.cancel()
+        for task in tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

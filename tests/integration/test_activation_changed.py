@@ -5,7 +5,6 @@ operator actions recovery serves, and the starts and wake-ups admission serves. 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
 from devstack.postgres import DatabaseHandle
 from recovery.service import serve as serve_recovery
-from tests.helpers.serving import Served, served
+from tests.helpers.serving import Served, served, serving
 
 pytestmark = pytest.mark.postgres
 
@@ -35,29 +34,15 @@ async def _ready() -> bool:
 
 @contextlib.asynccontextmanager
 async def both(env: Served) -> AsyncIterator[tuple[pb_grpc.RecoveryStub, pb_grpc.AdmissionStub]]:
-    started = (asyncio.Event(), asyncio.Event())
-    tasks = [
-        asyncio.create_task(serve_recovery(env.runtime, started[0], _ready)),
-        asyncio.create_task(serve_admission(env.runtime, started[1])),
-    ]
-    try:
-        waiters = [asyncio.create_task(event.wait()) for event in started]
-        done, _ = await asyncio.wait({*tasks, *waiters}, timeout=30, return_when="FIRST_EXCEPTION")
-        for task in tasks:
-            if task in done:
-                task.result()  # a component ended early: show why
-        assert all(w.done() for w in waiters), "the components did not start"
-        async with (
-            channel(env.runtime.endpoints, "recovery") as rch,
-            channel(env.runtime.endpoints, "admission") as ach,
-        ):
-            yield pb_grpc.RecoveryStub(rch), pb_grpc.AdmissionStub(ach)
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async with (
+        serving(
+            recovery=lambda started: serve_recovery(env.runtime, started, _ready),
+            admission=lambda started: serve_admission(env.runtime, started),
+        ),
+        channel(env.runtime.endpoints, "recovery") as rch,
+        channel(env.runtime.endpoints, "admission") as ach,
+    ):
+        yield pb_grpc.RecoveryStub(rch), pb_grpc.AdmissionStub(ach)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -16,7 +15,7 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
 from devstack.postgres import DatabaseHandle
-from tests.helpers.serving import Served, served
+from tests.helpers.serving import Served, served, serving
 
 pytestmark = pytest.mark.postgres
 
@@ -25,20 +24,11 @@ CALLER = pb.Caller(iss="https://issuer.example.org", sub="alice", client_id="int
 
 @contextlib.asynccontextmanager
 async def running(env: Served) -> AsyncIterator[pb_grpc.AdmissionStub]:
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(env.runtime, started))
-    try:
-        waiter = asyncio.create_task(started.wait())
-        done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when="FIRST_COMPLETED")
-        if task in done:
-            task.result()  # serve ended early: show why
-        assert waiter in done, "admission did not start"
-        async with channel(env.runtime.endpoints, "admission") as ch:
-            yield pb_grpc.AdmissionStub(ch)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with (
+        serving(admission=lambda started: serve(env.runtime, started)),
+        channel(env.runtime.endpoints, "admission") as ch,
+    ):
+        yield pb_grpc.AdmissionStub(ch)
 
 
 @pytest.fixture

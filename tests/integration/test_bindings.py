@@ -30,6 +30,7 @@ from dispatcher.service import serve as serve_dispatcher
 from recovery.service import serve as serve_recovery
 from tests.helpers.deployment import write_secret
 from tests.helpers.review_kit import ReviewKit, review_kit
+from tests.helpers.serving import serving
 
 pytestmark = pytest.mark.postgres
 
@@ -189,22 +190,13 @@ async def test_recovery_only_starts_anyway_and_inspection_shows_the_conflict(
     async def ready() -> bool:
         return True
 
-    started = asyncio.Event()
-    task = asyncio.create_task(serve_recovery(runtime, started, audit_ready=ready))
-    try:
-        waiter = asyncio.create_task(started.wait())
-        done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when="FIRST_COMPLETED")
-        if task in done:
-            task.result()
-        assert waiter in done, "recovery did not start"
-        async with channel(runtime.endpoints, "recovery") as ch:
-            stub = pb_grpc.RecoveryStub(ch)
-            inspection = await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))
-            status = await call("recovery", stub.Status, pb.RunRef(run_id=run_id))
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with (
+        serving(recovery=lambda started: serve_recovery(runtime, started, audit_ready=ready)),
+        channel(runtime.endpoints, "recovery") as ch,
+    ):
+        stub = pb_grpc.RecoveryStub(ch)
+        inspection = await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))
+        status = await call("recovery", stub.Status, pb.RunRef(run_id=run_id))
 
     document = json.loads(inspection.json)
     assert document["bindingConflict"] is True

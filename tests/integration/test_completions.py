@@ -4,8 +4,6 @@ admission path for both producer routes."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import shutil
 import tempfile
@@ -18,7 +16,6 @@ import httpx
 import pytest
 
 from admission.service import serve as serve_admission
-from core.clock import ENV_VAR, write_test_clock
 from core.rpc.transport import unix_endpoints
 from core.runtime import Runtime
 from devstack.postgres import DatabaseHandle
@@ -27,6 +24,7 @@ from gateway.auth import StaticJwksSource, TokenVerifier
 from gateway.completions import AdmissionProducers, CompletionHandler, load_credentials
 from gateway.events import EventHandler, load_sources, sign
 from gateway.routes import GatewayContext
+from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import (
     BINDING,
     EVENT_SOURCE,
@@ -36,18 +34,9 @@ from tests.helpers.review_kit import (
     ReviewKit,
     review_kit,
 )
+from tests.helpers.serving import serving
 
 pytestmark = pytest.mark.postgres
-
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 @pytest.fixture
@@ -220,23 +209,6 @@ def sockets() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def admission_serving(runtime: Runtime) -> AsyncIterator[None]:
-    started = asyncio.Event()
-    task = asyncio.create_task(serve_admission(runtime, started))
-    try:
-        waiter = asyncio.create_task(started.wait())
-        done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when="FIRST_COMPLETED")
-        if task in done:
-            task.result()
-        assert waiter in done, "admission did not start"
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_both_producer_routes_reach_admission_over_grpc(
     kit: ReviewKit, sockets: Path
 ) -> None:
@@ -245,7 +217,7 @@ async def test_both_producer_routes_reach_admission_over_grpc(
         kit.checked, kit.runtime.resolver, unix_endpoints(sockets), recovery_only=False
     )
     audits = AuditLog()
-    async with admission_serving(runtime):
+    async with serving(admission=lambda started: serve_admission(runtime, started)):
         producers = AdmissionProducers(runtime.endpoints)
         ctx = GatewayContext(
             backend=audits,  # type: ignore[arg-type]

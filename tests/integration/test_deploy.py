@@ -116,7 +116,7 @@ async def test_a_changed_package_is_planned_as_replace_and_applied(
     assert kept == 1
 
 
-async def test_an_unlisted_workflow_is_refused_until_removed(
+async def test_an_unlisted_workflow_is_refused_and_its_removal_waits_for_live_runs(
     deployment: TestDeployment,
 ) -> None:
     applied = deployment.checked()

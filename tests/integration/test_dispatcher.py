@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from core.clock import ENV_VAR, write_test_clock
 from devstack.postgres import DatabaseHandle
-from dispatcher.context import DispatchSettings
 from dispatcher.metrics import DispatchMetrics
+from dispatcher.settings import DispatchSettings
 from tests.helpers.dispatching import (
     MESSAGING,
     DispatchKit,
@@ -23,10 +22,10 @@ from tests.helpers.dispatching import (
     running,
     until,
 )
+from tests.helpers.pinned_clock import T0
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 ACCEPTED_BODY = {"messageId": "msg-scripted", "acceptedAt": "2027-03-01T08:00:00.000Z"}
 
 
@@ -34,15 +33,6 @@ ACCEPTED_BODY = {"messageId": "msg-scripted", "acceptedAt": "2027-03-01T08:00:00
 async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
     async with dispatch_kit(tmp_path, database) as made:
         yield made
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    """Turn the test clock on at T0; the returned function moves it."""
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 def product_posts(kit: DispatchKit) -> list[dict[str, object]]:

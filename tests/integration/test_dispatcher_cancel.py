@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +23,18 @@ import pytest
 import yaml
 
 from core import clock
-from core.clock import ENV_VAR, write_test_clock
 from devstack.postgres import DatabaseHandle
-from dispatcher.context import DispatchSettings
+from dispatcher.settings import DispatchSettings
 from tests.helpers import dispatching
-from tests.helpers.dispatching import ISSUER, DispatchKit, dispatch_kit
+from tests.helpers.base_kit import ISSUER
+from tests.helpers.dispatching import DispatchKit, dispatch_kit
+from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import CASEWORK, WAIT, ReviewKit, review_kit
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 CANCELLABLE = "notice-cancellable"
 ON_CANCEL = "say-cancelled"
-
-
-def _notice(template: str) -> dict[str, Any]:
-    return {
-        "connection": "notices",
-        "operation": "send-notice",
-        "input": {
-            "template": template,
-            "recipientRef": "${input.applicantRef}",
-            "parameters": {"run": "${run.id}"},
-        },
-        "output": {"messageId": "${response.messageId}"},
-        "deadlineSeconds": 60,
-    }
 
 
 # call → finish, and an onCancel path that sends a notice of its own before it finishes
@@ -64,9 +50,9 @@ CANCELLABLE_SOURCE = yaml.safe_dump(
         "start": "send",
         "onCancel": ON_CANCEL,
         "steps": {
-            "send": {"call": _notice("test-notice"), "next": "sent"},
+            "send": {"call": dispatching.notice_call("test-notice"), "next": "sent"},
             "sent": {"finish": {"outcome": "sent"}},
-            ON_CANCEL: {"call": _notice("test-cancelled"), "next": "cancelled"},
+            ON_CANCEL: {"call": dispatching.notice_call("test-cancelled"), "next": "cancelled"},
             "cancelled": {"finish": {"outcome": "cancelled"}},
         },
     },
@@ -88,15 +74,6 @@ async def review(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Revi
     # No completion block: only the test makes the wait due, so nothing races it.
     async with review_kit(tmp_path, database, completion=False) as made:
         yield made
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    """Turn the test clock on at T0; the returned function moves it."""
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 async def cancel(

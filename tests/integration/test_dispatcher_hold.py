@@ -13,21 +13,21 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core import clock
-from core.clock import ENV_VAR, write_test_clock
 from core.payloads import seal_json
 from devstack.postgres import DatabaseHandle
-from tests.helpers.dispatching import ISSUER, DispatchKit, ScriptedProduct, dispatch_kit
+from tests.helpers.base_kit import ISSUER
+from tests.helpers.dispatching import DispatchKit, ScriptedProduct, dispatch_kit
+from tests.helpers.pinned_clock import T0
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 ACCEPTED_BODY = {"messageId": "msg-resent", "acceptedAt": "2027-03-01T08:00:00.000Z"}
 LOGGER = "coordinator.dispatcher"
 CODE = "restore.lease-incompatible"
@@ -37,15 +37,6 @@ CODE = "restore.lease-incompatible"
 async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
     async with dispatch_kit(tmp_path, database) as made:
         yield made
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    """Turn the test clock on at T0; the returned function moves it."""
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 class TokenGate:

@@ -8,40 +8,31 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from core.clock import ENV_VAR, write_test_clock
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import channel, unix_endpoints
 from core.runtime import Runtime
 from devstack.postgres import DatabaseHandle
-from dispatcher.context import DispatchSettings
 from dispatcher.service import DispatcherService, serve
-from tests.helpers.dispatching import ISSUER, DispatchKit, dispatch_kit, running, until
+from dispatcher.settings import DispatchSettings
+from tests.helpers.base_kit import ISSUER
+from tests.helpers.dispatching import DispatchKit, dispatch_kit, running, until
+from tests.helpers.pinned_clock import T0
 
 pytestmark = pytest.mark.postgres
-
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture
 async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
     async with dispatch_kit(tmp_path, database) as made:
         yield made
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 async def abandon(kit: DispatchKit, run_id: str, state: str) -> None:

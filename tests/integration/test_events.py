@@ -5,30 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from core.clock import ENV_VAR, write_test_clock
 from devstack.postgres import DatabaseHandle
 from gateway.events import sign
+from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import EVENT_SOURCE, INPUT, WORKFLOW, ReviewKit, review_kit
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 NOW = int(T0.timestamp())
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 @pytest.fixture

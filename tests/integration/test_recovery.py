@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from admission.start import Admitter, StartResult
+from admission.start import Admitter
 from core.errors import CoordinatorError
-from core.runs import RUN_STATES
+from core.runs import RUN_STATES, StartResult
 from devstack.postgres import DatabaseHandle
 from recovery import reads
 from tests.helpers.serving import Caller, Served, served

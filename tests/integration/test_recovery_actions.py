@@ -12,54 +12,39 @@ acts through ``run_action`` with its own store and role, exactly as its servicer
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import yaml
 
-from core import deploy
-from core.clock import ENV_VAR, write_test_clock
-from core.config.model import CheckedDeployment
-from core.crypto import Keyring, keyring_from_config
-from core.derive import command_key
 from core.errors import CoordinatorError
-from core.keys import resolver_for
 from core.products.tokens import ConnectionTokens
-from core.rpc.transport import Endpoints
-from core.runtime import Runtime, Store
-from devstack.issuer import DevIssuer, IssuerState, generate_private_jwk
+from core.runtime import Store
 from devstack.postgres import DatabaseHandle
-from devstack.products.common import StandInSettings
-from devstack.products.messaging import MessagingStandIn
-from dispatcher.context import open_json
-from dispatcher.engine import Dispatcher, product_client
 from recovery import reads
 from recovery.actions import run_action
 from recovery.env import RecoveryEnv
 from tests.helpers.deployment import (
-    TestDeployment,
-    drop_deployment,
     migration_connection,
-    write_secret,
 )
-from tests.helpers.devstack_kit import FakeSleep, HostRouter, client_for
-from tests.helpers.dispatching import ScriptedProduct, write_package
-from tests.helpers.runs import insert_started_run
+from tests.helpers.devstack_kit import FakeSleep
+from tests.helpers.dispatching import (
+    CLIENT,
+    MESSAGING,
+    DispatchKit,
+    ScriptedProduct,
+    dispatch_kit,
+    notice_call,
+)
+from tests.helpers.pinned_clock import T0
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
-ISSUER = "https://issuer.example.org"
-MESSAGING = "https://messaging.internal.example.org"
-CLIENT = "coordinator-notices"
 REASON = "INC-2027-0042"
 DAY = 86_400
 
@@ -70,20 +55,6 @@ INPUT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {"applicantRef": {"type": "string", "maxLength": 64}},
 }
-
-
-def _send(template: str = "test-notice") -> dict[str, Any]:
-    return {
-        "connection": "notices",
-        "operation": "send-notice",
-        "input": {
-            "template": template,
-            "recipientRef": "${input.applicantRef}",
-            "parameters": {"run": "${run.id}"},
-        },
-        "output": {"messageId": "${response.messageId}"},
-        "deadlineSeconds": 60,
-    }
 
 
 def _workflow(
@@ -118,7 +89,7 @@ WORKFLOWS: dict[str, bytes] = {
         NOTICES,
         ["sent"],
         "send",
-        {"send": {"call": _send(), "next": "sent"}, "sent": {"finish": {"outcome": "sent"}}},
+        {"send": {"call": notice_call(), "next": "sent"}, "sent": {"finish": {"outcome": "sent"}}},
     ),
     # call → timer → finish, with an onCancel path that sends a notice of its own
     "withdrawable": _workflow(
@@ -127,10 +98,10 @@ WORKFLOWS: dict[str, bytes] = {
         ["sent", "withdrawn"],
         "send",
         {
-            "send": {"call": _send(), "next": "nap"},
+            "send": {"call": notice_call(), "next": "nap"},
             "nap": {"wait-until": {"afterSeconds": 3600}, "next": "sent"},
             "sent": {"finish": {"outcome": "sent"}},
-            "tell": {"call": _send("withdrawn-notice"), "next": "told"},
+            "tell": {"call": notice_call("withdrawn-notice"), "next": "told"},
             "told": {"finish": {"outcome": "withdrawn"}},
         },
         on_cancel="tell",
@@ -196,7 +167,7 @@ def _connection(kind: str, base_url: str, client_id: str, scopes: list[str]) -> 
         "profile": "test-profile" if kind != "messaging" else "applicant-notices",
         "authorization": {
             "clientId": client_id,
-            "signingKeyRef": "secret:file/client.jwk",
+            "signingKeyRef": "secret:file/notices-client.jwk",
             "scopes": scopes,
         },
     }
@@ -206,25 +177,11 @@ def _connection(kind: str, base_url: str, client_id: str, scopes: list[str]) -> 
 
 
 @dataclass
-class Kit:
-    """A deployment of :data:`WORKFLOWS` with the issuer and Messaging stand-in wired in."""
+class Kit(DispatchKit):
+    """A deployment of :data:`WORKFLOWS` with the issuer and Messaging stand-in wired in,
+    and recovery's own store."""
 
-    deployment: TestDeployment
-    checked: CheckedDeployment
-    runtime: Runtime
-    admission: Store
     recovery: Store
-    db: asyncpg.Connection
-    router: HostRouter
-    messaging: MessagingStandIn
-    http: httpx.AsyncClient
-    keyring: Keyring
-    admission_key: bytes
-    stores: list[Store] = field(default_factory=list)
-
-    @property
-    def ns(self) -> str:
-        return f'"{self.deployment.namespace}"'
 
     def env(self, *, recovery_only: bool = False, sleep: Any = None) -> RecoveryEnv:
         config = self.runtime.config
@@ -238,46 +195,9 @@ class Kit:
             sleep=sleep if sleep is not None else FakeSleep(),
         )
 
-    async def dispatcher(self) -> Dispatcher:
-        store = Store(self.runtime, "dispatcher")
-        self.stores.append(store)
-        await store.open()
-        await store.verify()
-        return Dispatcher.from_store(store, self.http)
-
-    async def start(self, workflow_id: str) -> str:
-        return await insert_started_run(
-            self.admission, self.checked, workflow_id, {"applicantRef": "applicant-1"}
-        )
-
-    async def run(self, run_id: str) -> asyncpg.Record:
-        row = await self.db.fetchrow(f"SELECT * FROM {self.ns}.run WHERE id = $1", run_id)
-        assert row is not None
-        return row
-
-    async def step(self, run_id: str, step_id: str) -> asyncpg.Record:
-        row = await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.step WHERE run_id = $1 AND step_id = $2", run_id, step_id
-        )
-        assert row is not None
-        return row
-
-    async def step_ids(self, run_id: str) -> list[str]:
-        rows = await self.db.fetch(
-            f"SELECT step_id FROM {self.ns}.step WHERE run_id = $1 ORDER BY seq", run_id
-        )
-        return [row["step_id"] for row in rows]
-
-    async def payload(self, run_id: str, step_id: str, purpose: str) -> Any:
-        row = await self.db.fetchrow(
-            f"SELECT * FROM {self.ns}.payload WHERE run_id = $1 AND step_id = $2 AND purpose = $3",
-            run_id,
-            step_id,
-            purpose,
-        )
-        if row is None:
-            return None
-        return open_json(self.keyring, self.deployment.namespace, run_id, purpose, row)
+    async def start(self, workflow_id: str, run_input: dict[str, Any] | None = None) -> str:
+        """Admit a run (of applicant-1 unless ``run_input`` says otherwise); answers its id."""
+        return await super().start(workflow_id, run_input or {"applicantRef": "applicant-1"})
 
     async def actions(self, run_id: str) -> list[tuple[str, str | None]]:
         rows = await self.db.fetch(
@@ -285,17 +205,6 @@ class Kit:
             run_id,
         )
         return [(row["kind"], row["reason"]) for row in rows]
-
-    def key(self, run_id: str, step_id: str = "send") -> str:
-        return command_key(self.admission_key, run_id, step_id)
-
-    async def stats(self) -> dict[str, Any]:
-        document: dict[str, Any] = (await self.http.get(f"{MESSAGING}/dev/stats")).json()
-        return document
-
-    async def fault(self, **body: Any) -> None:
-        answer = await self.http.post(f"{MESSAGING}/dev/faults", json=body)
-        assert answer.status_code == 200, answer.text
 
     async def held(self, workflow_id: str = "notice", *, processed: bool = True) -> str:
         """A run whose first call is uncertain: the product processed it (an answer lost
@@ -356,16 +265,7 @@ class Kit:
         return [run["runId"] for run in listed["runs"]]
 
 
-@pytest.fixture
-async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Kit]:
-    deployment = TestDeployment.create(tmp_path, database, workflows=())
-    packages = []
-    for source in WORKFLOWS.values():
-        root, digest = write_package(deployment.packages_dir, source)
-        packages.append({"root": str(root), "expectedDigest": digest})
-    deployment.doc["deployment"]["packages"] = packages
-    jwk = generate_private_jwk("ES256")
-    write_secret(deployment.secrets, "client.jwk", json.dumps(jwk).encode())
+def _connections() -> dict[str, Any]:
     review = _connection(
         "casework-review-producer",
         "https://casework.internal.example.org",
@@ -373,71 +273,26 @@ async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Kit]:
         ["review-requests:write", "review-requests:read"],
     )
     review["producer"] = "coordinator"
-    deployment.doc["connections"] = {
+    return {
         "notices": _connection("messaging", MESSAGING, CLIENT, ["messages:send", "receipts:read"]),
         "register": _connection(
             "breg-action", "https://breg.internal.example.org", "coordinator-breg", ["actions"]
         ),
         "review": review,
     }
-    checked = deployment.checked()
-    await deploy.apply(checked, [])
-    resolver = resolver_for(checked.config)
-    runtime = Runtime(checked, resolver, Endpoints({}), recovery_only=False)
-
-    router = HostRouter()
-    http = product_client(router)
-    issuer = DevIssuer(
-        IssuerState.create(tmp_path / "issuer", ISSUER),
-        [client_for(CLIENT, jwk, {"messages:send", "receipts:read"})],
-        clock=time.time,
-    )
-    messaging = MessagingStandIn(
-        StandInSettings(base_url=MESSAGING, issuer=ISSUER, allowed_clients=frozenset({CLIENT})),
-        http=httpx.AsyncClient(transport=router),
-    )
-    router.add(ISSUER, issuer.app)
-    router.add(MESSAGING, messaging)
-    admission = Store(runtime, "admission")
-    recovery = Store(runtime, "recovery")
-    await admission.open()
-    await recovery.open()
-    await recovery.verify()
-    db = await migration_connection(database)
-    made = Kit(
-        deployment=deployment,
-        checked=checked,
-        runtime=runtime,
-        admission=admission,
-        recovery=recovery,
-        db=db,
-        router=router,
-        messaging=messaging,
-        http=http,
-        keyring=keyring_from_config(checked.config, resolver),
-        admission_key=resolver.read_key(checked.config.deployment.admission_key_ref),
-    )
-    try:
-        yield made
-    finally:
-        for store in made.stores:
-            await store.close()
-        await admission.close()
-        await recovery.close()
-        await db.close()
-        await http.aclose()
-        await messaging.aclose()
-        await messaging.http.aclose()
-        await drop_deployment(database, deployment.namespace)
 
 
 @pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    """Turn the test clock on at T0; the returned function moves it."""
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
+async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Kit]:
+    async with dispatch_kit(
+        tmp_path, database, workflows=WORKFLOWS, connections=_connections()
+    ) as base:
+        recovery = Store(base.runtime, "recovery")
+        base.stores.append(recovery)
+        await recovery.open()
+        await recovery.verify()
+        # The same kit, with recovery's store; the base kit closes it with its own.
+        yield Kit(**{f.name: getattr(base, f.name) for f in fields(base)}, recovery=recovery)
 
 
 async def refused(code: str, action: Awaitable[Any]) -> CoordinatorError:

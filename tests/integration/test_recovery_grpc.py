@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -17,7 +16,7 @@ from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
 from devstack.postgres import DatabaseHandle
 from recovery.service import AuditProbe, serve
-from tests.helpers.serving import Caller, Served, served
+from tests.helpers.serving import Caller, Served, served, serving
 
 pytestmark = pytest.mark.postgres
 
@@ -29,20 +28,11 @@ WORKFLOW = "approval-notice"
 async def running(
     env: Served, audit_ready: AuditProbe | None
 ) -> AsyncIterator[pb_grpc.RecoveryStub]:
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(env.runtime, started, audit_ready))
-    try:
-        waiter = asyncio.create_task(started.wait())
-        done, _ = await asyncio.wait({task, waiter}, timeout=30, return_when="FIRST_COMPLETED")
-        if task in done:
-            task.result()  # serve ended early: show why
-        assert waiter in done, "recovery did not start"
-        async with channel(env.runtime.endpoints, "recovery") as ch:
-            yield pb_grpc.RecoveryStub(ch)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with (
+        serving(recovery=lambda started: serve(env.runtime, started, audit_ready)),
+        channel(env.runtime.endpoints, "recovery") as ch,
+    ):
+        yield pb_grpc.RecoveryStub(ch)
 
 
 @pytest.fixture

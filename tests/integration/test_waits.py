@@ -6,31 +6,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.clock import ENV_VAR, write_test_clock
 from devstack.postgres import DatabaseHandle
-from dispatcher.context import DispatchSettings
+from dispatcher.settings import DispatchSettings
 from tests.helpers.dispatching import running, until
+from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import CASEWORK, WAIT, ReviewKit, review_kit
 
 pytestmark = pytest.mark.postgres
 
-T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
 DAY = 86_400
-
-
-@pytest.fixture
-def fake_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
-    """Turn the test clock on at T0; the returned function moves it."""
-    path = tmp_path / "clock"
-    write_test_clock(path, T0)
-    monkeypatch.setenv(ENV_VAR, str(path))
-    return lambda instant: write_test_clock(path, instant)
 
 
 @pytest.fixture

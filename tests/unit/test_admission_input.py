@@ -6,14 +6,9 @@ import json
 
 import pytest
 
-from admission.start import (
-    MAX_INPUT_BYTES,
-    canonical_input,
-    check_idempotency_key,
-    input_digest,
-    parse_input,
-)
+from admission.start import MAX_INPUT_BYTES, canonical_input, input_digest, parse_input
 from core.errors import CoordinatorError
+from core.runs import check_idempotency_key
 
 KEY = bytes(range(32))
 

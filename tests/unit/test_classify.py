@@ -31,7 +31,21 @@ def test_a_2xx_with_a_json_object_is_accepted_with_its_body(status: int) -> None
     assert result.response == {"messageId": "m-1", "acceptedAt": "x"}
 
 
-@pytest.mark.parametrize("body", [b"", b"not json", b"[1, 2]", b'"text"', b"null", b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'"text"',
+        b"null",
+        b"\xff\xfe",
+        # Numbers RFC 8785 cannot seal: the answer could not be kept, so it is not taken.
+        b'{"messageId": 9007199254740993}',
+        b'{"messageId": NaN}',
+        b'{"messageId": 1e400}',
+    ],
+)
 def test_a_2xx_whose_body_is_not_a_json_object_is_uncertain(body: bytes) -> None:
     result = classify_answer(202, body)
     assert result.result == UNCERTAIN

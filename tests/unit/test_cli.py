@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,29 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
+@dataclass
+class Ctl:
+    """Runs coordinatorctl against the recording gateway with the operator token file."""
+
+    url: str
+    recorder: Recorder
+    token_file: Path
+    capsys: pytest.CaptureFixture[str]
+
+    def __call__(self, *args: str) -> tuple[int, str, str]:
+        """Exit code, standard output and standard error of ``args`` plus --url and
+        --token-file."""
+        return run_cli(
+            [*args, "--url", self.url, "--token-file", str(self.token_file)], self.capsys
+        )
+
+
+@pytest.fixture
+def ctl(capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path) -> Ctl:
+    url, recorder = gateway
+    return Ctl(url, recorder, token_file, capsys)
+
+
 def test_both_scripts_print_the_same_version() -> None:
     ctl = subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main(['--version'])"],
@@ -134,14 +158,10 @@ def test_token_file_defects_are_refused(
     assert recorder.requests == []
 
 
-def test_token_is_sent_without_its_trailing_newline(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
+def test_token_is_sent_without_its_trailing_newline(ctl: Ctl) -> None:
+    recorder = ctl.recorder
     recorder.answer = (200, "application/json", {"activationReady": True})
-    code, out, _ = run_cli(
-        ["doctor", "--url", url, "--token-file", str(token_file), "--output", "json"], capsys
-    )
+    code, out, _ = ctl("doctor", "--output", "json")
     assert code == 0
     assert json.loads(out) == {"activationReady": True}
     assert recorder.requests[0]["headers"]["Authorization"] == "Bearer header.payload.signature"
@@ -162,131 +182,63 @@ def test_options_are_accepted_before_the_subcommand(
     assert recorder.requests[0]["path"] == "/v1/runs?limit=5"
 
 
-def test_problem_becomes_a_prefixed_code_and_exit_1(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
+def test_problem_becomes_a_prefixed_code_and_exit_1(ctl: Ctl) -> None:
+    recorder = ctl.recorder
     recorder.answer = (
         409,
         "application/problem+json",
         {"code": "execution.held", "status": 409, "title": "held", "detail": "restore hold"},
     )
-    code, _, err = run_cli(
-        [
-            "retry-same",
-            "--run",
-            "r1",
-            "--reason",
-            "inc-1",
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
-    )
+    code, _, err = ctl("retry-same", "--run", "r1", "--reason", "inc-1")
     assert code == 1
     assert last_line(err) == "coordinator.execution.held: restore hold"
     assert recorder.requests[0]["body"] == {"reason": "inc-1"}
 
 
 @pytest.mark.parametrize("reason", ["has space", "mail@example.org", "x" * 129, ""])
-def test_bad_reasons_are_refused_before_sending(
-    reason: str,
-    capsys: pytest.CaptureFixture[str],
-    gateway: tuple[str, Recorder],
-    token_file: Path,
-) -> None:
-    url, recorder = gateway
-    code, _, err = run_cli(
-        [
-            "cancel",
-            "--run",
-            "r1",
-            "--reason",
-            reason,
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
-    )
+def test_bad_reasons_are_refused_before_sending(reason: str, ctl: Ctl) -> None:
+    recorder = ctl.recorder
+    code, _, err = ctl("cancel", "--run", "r1", "--reason", reason)
     assert code == 1
     assert last_line(err).startswith("coordinator.request.invalid:")
     assert reason not in last_line(err) or reason == ""
     assert recorder.requests == []
 
 
-def test_bad_recovery_reference_is_refused_before_sending(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
-    code, _, err = run_cli(
-        [
-            "release-admission-hold",
-            "--recovery-reference",
-            "a b",
-            "--admission-history-complete",
-            "--prior-deployment-fenced",
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
+def test_bad_recovery_reference_is_refused_before_sending(ctl: Ctl) -> None:
+    recorder = ctl.recorder
+    code, _, err = ctl(
+        "release-admission-hold",
+        "--recovery-reference",
+        "a b",
+        "--admission-history-complete",
+        "--prior-deployment-fenced",
     )
     assert code == 1
     assert last_line(err).startswith("coordinator.request.invalid:")
     assert recorder.requests == []
 
 
-def test_attestations_are_required(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
-    code, _, _ = run_cli(
-        [
-            "complete-execution-recovery",
-            "--recovery-reference",
-            "inc-7",
-            "--execution-history-complete",
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
+def test_attestations_are_required(ctl: Ctl) -> None:
+    recorder = ctl.recorder
+    code, _, _ = ctl(
+        "complete-execution-recovery",
+        "--recovery-reference",
+        "inc-7",
+        "--execution-history-complete",
     )
     assert code == 2
     assert recorder.requests == []
 
 
-def test_start_sends_input_and_a_stable_default_key(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    gateway: tuple[str, Recorder],
-    token_file: Path,
-) -> None:
-    url, recorder = gateway
+def test_start_sends_input_and_a_stable_default_key(tmp_path: Path, ctl: Ctl) -> None:
+    recorder = ctl.recorder
     recorder.answer = (201, "application/json", {"runId": "r-1", "state": "running"})
     input_file = tmp_path / "input.json"
     input_file.write_text('{"applicationId": "APP-1"}')
-    args = [
-        "start",
-        "--workflow",
-        "approval-notice",
-        "--input-file",
-        str(input_file),
-        "--url",
-        url,
-        "--token-file",
-        str(token_file),
-        "--output",
-        "json",
-    ]
-    assert run_cli(args, capsys)[0] == 0
-    assert run_cli(args, capsys)[0] == 0
+    args = ["start", "--workflow", "approval-notice", "--input-file", str(input_file)]
+    assert ctl(*args, "--output", "json")[0] == 0
+    assert ctl(*args, "--output", "json")[0] == 0
     first, second = recorder.requests
     assert first["path"] == "/v1/workflows/approval-notice/runs"
     assert first["body"] == {"input": {"applicationId": "APP-1"}}
@@ -308,48 +260,18 @@ def test_unreachable_coordinator_is_a_refusal_not_a_traceback(
     assert "Traceback" not in err
 
 
-def test_retain_validates_the_cutoff_locally(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
-    code, _, err = run_cli(
-        [
-            "retain",
-            "--before",
-            "2026-07-01",
-            "--limit",
-            "10",
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
-    )
+def test_retain_validates_the_cutoff_locally(ctl: Ctl) -> None:
+    recorder = ctl.recorder
+    code, _, err = ctl("retain", "--before", "2026-07-01", "--limit", "10")
     assert code == 1
     assert last_line(err).startswith("coordinator.request.invalid:")
-    code, _, _ = run_cli(
-        [
-            "retain",
-            "--before",
-            "2026-07-01T00:00:00Z",
-            "--limit",
-            "101",
-            "--url",
-            url,
-            "--token-file",
-            str(token_file),
-        ],
-        capsys,
-    )
+    code, _, _ = ctl("retain", "--before", "2026-07-01T00:00:00Z", "--limit", "101")
     assert code == 2
     assert recorder.requests == []
 
 
-def test_text_output_of_a_run_list_is_a_table(
-    capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder], token_file: Path
-) -> None:
-    url, recorder = gateway
+def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:
+    recorder = ctl.recorder
     recorder.answer = (
         200,
         "application/json",
@@ -366,9 +288,7 @@ def test_text_output_of_a_run_list_is_a_table(
             "nextCursor": "c2",
         },
     )
-    code, out, _ = run_cli(
-        ["list", "--attention", "true", "--url", url, "--token-file", str(token_file)], capsys
-    )
+    code, out, _ = ctl("list", "--attention", "true")
     assert code == 0
     header, row, cursor = out.strip().splitlines()
     assert header.split() == ["runId", "workflow", "state", "outcome", "attention", "createdAt"]

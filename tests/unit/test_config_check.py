@@ -9,19 +9,27 @@ import pytest
 
 from core.config import check_runtime_file, load_runtime_file
 from core.config.model import CASEWORK, MESSAGING
-from core.errors import ConfigInvalid, CoordinatorError, PackageInvalid
+from core.errors import CoordinatorError, PackageInvalid
 from core.secrets import SecretRef
 from tests.helpers.packages import make_package
 from tests.helpers.runtime_files import (
     DATABASE_ID,
     Mutation,
+    assert_refused_at,
     complete_runtime,
     drop,
     put,
+    refusal,
     write_runtime,
 )
 
+POLICY = ("deployment", "authentication", "policies")
 POLICIES = "deployment.authentication.policies"
+INTERNAL_TLS = {
+    "certificateRef": "secret:file/internal.crt",
+    "privateKeyRef": "secret:file/internal.key",
+    "trustedRootCertificateRef": "secret:file/internal-root.pem",
+}
 
 
 def _same_workflow_twice(document: dict[str, Any], directory: Path) -> None:
@@ -37,133 +45,58 @@ def _seventeen_packages(document: dict[str, Any], directory: Path) -> None:
         pins.append(dict(pins[0]))
 
 
-# (mutation, exact key path of the refusal). Every case is refused with config.invalid.
-CASES: list[Any] = [
+# Every case is refused with config.invalid at the key it edits, or at the path ``at`` names.
+CASES: list[pytest.ParameterSet] = [
     # namespace
-    pytest.param(put(("namespace",), "registry_prod"), "namespace", id="namespace-prefix"),
-    pytest.param(put(("namespace",), "coordinator_Prod"), "namespace", id="namespace-upper"),
-    pytest.param(put(("namespace",), "coordinator_"), "namespace", id="namespace-empty-tail"),
-    pytest.param(
-        put(("namespace",), "coordinator_" + "a" * 52), "namespace", id="namespace-64-bytes"
-    ),
-    pytest.param(put(("namespace",), 12), "namespace", id="namespace-type"),
+    refusal("namespace-prefix", put(("namespace",), "registry_prod")),
+    refusal("namespace-upper", put(("namespace",), "coordinator_Prod")),
+    refusal("namespace-empty-tail", put(("namespace",), "coordinator_")),
+    refusal("namespace-64-bytes", put(("namespace",), "coordinator_" + "a" * 52)),
+    refusal("namespace-type", put(("namespace",), 12)),
     # databaseId, runtimeRole
-    pytest.param(
-        put(("deployment", "databaseId"), "not-a-uuid"), "deployment.databaseId", id="database-id"
+    refusal("database-id", put(("deployment", "databaseId"), "not-a-uuid")),
+    refusal(
+        "database-id-no-hyphens", put(("deployment", "databaseId"), DATABASE_ID.replace("-", ""))
     ),
-    pytest.param(
-        put(("deployment", "databaseId"), DATABASE_ID.replace("-", "")),
-        "deployment.databaseId",
-        id="database-id-no-hyphens",
-    ),
-    pytest.param(
-        put(("deployment", "runtimeRole"), "Runtime Role"),
-        "deployment.runtimeRole",
-        id="runtime-role",
-    ),
+    refusal("runtime-role", put(("deployment", "runtimeRole"), "Runtime Role")),
     # packages
-    pytest.param(put(("deployment", "packages"), []), "deployment.packages", id="packages-none"),
-    pytest.param(_seventeen_packages, "deployment.packages", id="packages-17"),
-    pytest.param(_same_workflow_twice, "deployment.packages[3]", id="packages-same-workflow"),
-    pytest.param(
-        put(("deployment", "packages", 1, "expectedDigest"), "sha256:ABC"),
-        "deployment.packages[1].expectedDigest",
-        id="package-digest-form",
+    refusal("packages-none", put(("deployment", "packages"), [])),
+    refusal("packages-17", _seventeen_packages, at="deployment.packages"),
+    refusal("packages-same-workflow", _same_workflow_twice, at="deployment.packages[3]"),
+    refusal(
+        "package-digest-form", put(("deployment", "packages", 1, "expectedDigest"), "sha256:ABC")
     ),
-    pytest.param(
-        put(("deployment", "packages", 2, "root"), ""),
-        "deployment.packages[2].root",
-        id="package-root-empty",
-    ),
+    refusal("package-root-empty", put(("deployment", "packages", 2, "root"), "")),
     # listeners
-    pytest.param(
-        put(("deployment", "listener", "bind"), "0.0.0.0:8108"),
-        "deployment.listener.bind",
-        id="bind-any-v4",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "[::]:8108"),
-        "deployment.listener.bind",
-        id="bind-any-v6",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "8.8.8.8:8108"),
-        "deployment.listener.bind",
-        id="bind-public",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "100.64.0.1:8108"),
-        "deployment.listener.bind",
-        id="bind-cgnat",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "[2001:db8::1]:8108"),
-        "deployment.listener.bind",
-        id="bind-public-v6",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "127.0.0.1"),
-        "deployment.listener.bind",
-        id="bind-no-port",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "127.0.0.1:0"),
-        "deployment.listener.bind",
-        id="bind-port-0",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "127.0.0.1:65536"),
-        "deployment.listener.bind",
-        id="bind-port-big",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "::1:8108"),
-        "deployment.listener.bind",
-        id="bind-v6-no-brackets",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "bind"), "coordinator.internal:8108"),
-        "deployment.listener.bind",
-        id="bind-hostname",
-    ),
-    pytest.param(
-        put(("deployment", "listener", "tlsTermination"), "none"),
-        "deployment.listener.tlsTermination",
-        id="tls-termination",
-    ),
-    pytest.param(
-        drop(("deployment", "listener", "tlsTermination")),
-        "deployment.listener.tlsTermination",
-        id="tls-termination-missing",
-    ),
-    pytest.param(
+    refusal("bind-any-v4", put(("deployment", "listener", "bind"), "0.0.0.0:8108")),
+    refusal("bind-any-v6", put(("deployment", "listener", "bind"), "[::]:8108")),
+    refusal("bind-public", put(("deployment", "listener", "bind"), "8.8.8.8:8108")),
+    refusal("bind-cgnat", put(("deployment", "listener", "bind"), "100.64.0.1:8108")),
+    refusal("bind-public-v6", put(("deployment", "listener", "bind"), "[2001:db8::1]:8108")),
+    refusal("bind-no-port", put(("deployment", "listener", "bind"), "127.0.0.1")),
+    refusal("bind-port-0", put(("deployment", "listener", "bind"), "127.0.0.1:0")),
+    refusal("bind-port-big", put(("deployment", "listener", "bind"), "127.0.0.1:65536")),
+    refusal("bind-v6-no-brackets", put(("deployment", "listener", "bind"), "::1:8108")),
+    refusal("bind-hostname", put(("deployment", "listener", "bind"), "coordinator.internal:8108")),
+    refusal("tls-termination", put(("deployment", "listener", "tlsTermination"), "none")),
+    refusal("tls-termination-missing", drop(("deployment", "listener", "tlsTermination"))),
+    refusal(
+        "public-url-http",
         put(("deployment", "listener", "publicUrl"), "http://coordinator.example.org"),
-        "deployment.listener.publicUrl",
-        id="public-url-http",
     ),
-    pytest.param(
-        put(("deployment", "metricsListener", "bind"), "0.0.0.0:9108"),
-        "deployment.metricsListener.bind",
-        id="metrics-any",
-    ),
-    pytest.param(
-        put(("deployment", "metricsListener", "bind"), "203.0.113.9:9108"),
-        "deployment.metricsListener.bind",
-        id="metrics-public",
-    ),
-    pytest.param(
-        put(("deployment", "metricsListener", "bind"), "127.0.0.1:8108"),
-        "deployment.metricsListener.bind",
-        id="metrics-same-as-listener",
+    refusal("metrics-any", put(("deployment", "metricsListener", "bind"), "0.0.0.0:9108")),
+    refusal("metrics-public", put(("deployment", "metricsListener", "bind"), "203.0.113.9:9108")),
+    refusal(
+        "metrics-same-as-listener", put(("deployment", "metricsListener", "bind"), "127.0.0.1:8108")
     ),
     # internal channel
-    pytest.param(
+    refusal(
+        "internal-both",
         put(("deployment", "internal", "addresses"), {"admission": "10.0.0.5:7101"}),
-        "deployment.internal.addresses",
-        id="internal-both",
     ),
-    pytest.param(put(("deployment", "internal"), {}), "deployment.internal", id="internal-empty"),
-    pytest.param(
+    refusal("internal-empty", put(("deployment", "internal"), {})),
+    refusal(
+        "internal-addresses-without-tls",
         put(
             ("deployment", "internal"),
             {
@@ -174,25 +107,21 @@ CASES: list[Any] = [
                 }
             },
         ),
-        "deployment.internal.tls",
-        id="internal-addresses-without-tls",
+        at="deployment.internal.tls",
     ),
-    pytest.param(
+    refusal(
+        "internal-addresses-missing-component",
         put(
             ("deployment", "internal"),
             {
                 "addresses": {"admission": "10.0.0.5:7101", "recovery": "10.0.0.5:7102"},
-                "tls": {
-                    "certificateRef": "secret:file/internal.crt",
-                    "privateKeyRef": "secret:file/internal.key",
-                    "trustedRootCertificateRef": "secret:file/internal-root.pem",
-                },
+                "tls": INTERNAL_TLS,
             },
         ),
-        "deployment.internal.addresses.auditd",
-        id="internal-addresses-missing-component",
+        at="deployment.internal.addresses.auditd",
     ),
-    pytest.param(
+    refusal(
+        "internal-address-any",
         put(
             ("deployment", "internal"),
             {
@@ -201,196 +130,98 @@ CASES: list[Any] = [
                     "recovery": "10.0.0.5:7102",
                     "auditd": "10.0.0.5:7103",
                 },
-                "tls": {
-                    "certificateRef": "secret:file/internal.crt",
-                    "privateKeyRef": "secret:file/internal.key",
-                    "trustedRootCertificateRef": "secret:file/internal-root.pem",
-                },
+                "tls": INTERNAL_TLS,
             },
         ),
-        "deployment.internal.addresses.admission",
-        id="internal-address-any",
+        at="deployment.internal.addresses.admission",
     ),
-    pytest.param(
+    refusal(
+        "internal-tls-with-sockets",
         put(("deployment", "internal", "tls"), {"certificateRef": "secret:file/x"}),
-        "deployment.internal.tls",
-        id="internal-tls-with-sockets",
     ),
     # policies
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "intake-portal", "actions"),
-            ["start", "doctor"],
-        ),
-        f"{POLICIES}.intake-portal.actions[1]",
-        id="policy-deployment-action-needs-operator",
+    refusal(
+        "policy-deployment-action-needs-operator",
+        put((*POLICY, "intake-portal", "actions"), ["start", "doctor"]),
+        at=f"{POLICIES}.intake-portal.actions[1]",
     ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "platform-operators", "workflows"),
-            ["approval-notice"],
-        ),
-        f"{POLICIES}.platform-operators.workflows",
-        id="policy-deployment-only-with-workflows",
+    refusal(
+        "policy-deployment-only-with-workflows",
+        put((*POLICY, "platform-operators", "workflows"), ["approval-notice"]),
     ),
-    pytest.param(
-        drop(("deployment", "authentication", "policies", "case-operators", "workflows")),
-        f"{POLICIES}.case-operators.workflows",
-        id="policy-run-actions-without-workflows",
+    refusal("policy-run-actions-without-workflows", drop((*POLICY, "case-operators", "workflows"))),
+    refusal("policy-workflows-empty", put((*POLICY, "case-operators", "workflows"), [])),
+    refusal(
+        "policy-workflow-not-packaged",
+        put((*POLICY, "case-operators", "workflows"), ["approval-notice", "unpackaged"]),
+        at=f"{POLICIES}.case-operators.workflows[1]",
     ),
-    pytest.param(
-        put(("deployment", "authentication", "policies", "case-operators", "workflows"), []),
-        f"{POLICIES}.case-operators.workflows",
-        id="policy-workflows-empty",
+    refusal(
+        "policy-operator-start",
+        put((*POLICY, "case-operators", "actions"), ["status", "start"]),
+        at=f"{POLICIES}.case-operators.actions[1]",
     ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "case-operators", "workflows"),
-            ["approval-notice", "unpackaged"],
-        ),
-        f"{POLICIES}.case-operators.workflows[1]",
-        id="policy-workflow-not-packaged",
+    refusal(
+        "policy-unknown-action",
+        put((*POLICY, "intake-portal", "actions"), ["start", "delete"]),
+        at=f"{POLICIES}.intake-portal.actions[1]",
     ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "case-operators", "actions"),
-            ["status", "start"],
-        ),
-        f"{POLICIES}.case-operators.actions[1]",
-        id="policy-operator-start",
+    refusal("policy-no-actions", put((*POLICY, "intake-portal", "actions"), [])),
+    refusal(
+        "policy-action-twice",
+        put((*POLICY, "intake-portal", "actions"), ["start", "start"]),
+        at=f"{POLICIES}.intake-portal.actions[1]",
     ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "intake-portal", "actions"),
-            ["start", "delete"],
-        ),
-        f"{POLICIES}.intake-portal.actions[1]",
-        id="policy-unknown-action",
-    ),
-    pytest.param(
-        put(("deployment", "authentication", "policies", "intake-portal", "actions"), []),
-        f"{POLICIES}.intake-portal.actions",
-        id="policy-no-actions",
-    ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "intake-portal", "actions"),
-            ["start", "start"],
-        ),
-        f"{POLICIES}.intake-portal.actions[1]",
-        id="policy-action-twice",
-    ),
-    pytest.param(
-        put(("deployment", "authentication", "policies", "case-operators", "operator"), "yes"),
-        f"{POLICIES}.case-operators.operator",
-        id="policy-operator-type",
-    ),
-    pytest.param(
-        put(
-            ("deployment", "authentication", "policies", "bad client"),
-            {"actions": ["doctor"], "operator": True},
-        ),
-        f"{POLICIES}.bad client",
-        id="policy-client-id-space",
+    refusal("policy-operator-type", put((*POLICY, "case-operators", "operator"), "yes")),
+    refusal(
+        "policy-client-id-space",
+        put((*POLICY, "bad client"), {"actions": ["doctor"], "operator": True}),
     ),
     # keys
-    pytest.param(
-        put(("deployment", "activeStateKey"), 3),
-        "deployment.activeStateKey",
-        id="active-state-key-unlisted",
-    ),
-    pytest.param(
-        put(("deployment", "activeStateKey"), "2"),
-        "deployment.activeStateKey",
-        id="active-state-key-type",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 1, "version"), 1),
-        "deployment.stateKeys[1].version",
-        id="state-key-duplicate",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 0, "version"), 0),
-        "deployment.stateKeys[0].version",
-        id="state-key-zero",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 0, "version"), -1),
-        "deployment.stateKeys[0].version",
-        id="state-key-negative",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 0, "version"), "1"),
-        "deployment.stateKeys[0].version",
-        id="state-key-string",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 0, "version"), True),
-        "deployment.stateKeys[0].version",
-        id="state-key-bool",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys"), []), "deployment.stateKeys", id="state-keys-none"
-    ),
+    refusal("active-state-key-unlisted", put(("deployment", "activeStateKey"), 3)),
+    refusal("active-state-key-type", put(("deployment", "activeStateKey"), "2")),
+    refusal("state-key-duplicate", put(("deployment", "stateKeys", 1, "version"), 1)),
+    refusal("state-key-zero", put(("deployment", "stateKeys", 0, "version"), 0)),
+    refusal("state-key-negative", put(("deployment", "stateKeys", 0, "version"), -1)),
+    refusal("state-key-string", put(("deployment", "stateKeys", 0, "version"), "1")),
+    refusal("state-key-bool", put(("deployment", "stateKeys", 0, "version"), True)),
+    refusal("state-keys-none", put(("deployment", "stateKeys"), [])),
     # authentication
-    pytest.param(
-        put(("deployment", "authentication", "issuer"), "http://issuer.example.org"),
-        "deployment.authentication.issuer",
-        id="issuer-http",
+    refusal(
+        "issuer-http", put(("deployment", "authentication", "issuer"), "http://issuer.example.org")
     ),
-    pytest.param(
+    refusal(
+        "jwks-http-private",
         put(("deployment", "authentication", "signingKeys", "jwksUrl"), "http://10.0.0.1/jwks"),
-        "deployment.authentication.signingKeys.jwksUrl",
-        id="jwks-http-private",
     ),
-    pytest.param(
+    refusal(
+        "jwks-both",
         put(
             ("deployment", "authentication", "signingKeys", "jwksRef"),
             "secret:file/issuer-jwks.json",
         ),
-        "deployment.authentication.signingKeys",
-        id="jwks-both",
+        at="deployment.authentication.signingKeys",
     ),
-    pytest.param(
-        put(("deployment", "authentication", "signingKeys"), {}),
-        "deployment.authentication.signingKeys",
-        id="jwks-neither",
-    ),
-    pytest.param(
+    refusal("jwks-neither", put(("deployment", "authentication", "signingKeys"), {})),
+    refusal(
+        "alg-none",
         put(("deployment", "authentication", "algorithms"), ["none"]),
-        "deployment.authentication.algorithms[0]",
-        id="alg-none",
+        at="deployment.authentication.algorithms[0]",
     ),
-    pytest.param(
+    refusal(
+        "alg-hs256",
         put(("deployment", "authentication", "algorithms"), ["RS256", "HS256"]),
-        "deployment.authentication.algorithms[1]",
-        id="alg-hs256",
+        at="deployment.authentication.algorithms[1]",
     ),
-    pytest.param(
+    refusal(
+        "alg-unknown",
         put(("deployment", "authentication", "algorithms"), ["RS256", "XY512"]),
-        "deployment.authentication.algorithms[1]",
-        id="alg-unknown",
+        at="deployment.authentication.algorithms[1]",
     ),
-    pytest.param(
-        put(("deployment", "authentication", "algorithms"), []),
-        "deployment.authentication.algorithms",
-        id="alg-empty",
-    ),
-    pytest.param(
-        put(("deployment", "authentication", "clockSkewSeconds"), 301),
-        "deployment.authentication.clockSkewSeconds",
-        id="skew-high",
-    ),
-    pytest.param(
-        put(("deployment", "authentication", "clockSkewSeconds"), -1),
-        "deployment.authentication.clockSkewSeconds",
-        id="skew-negative",
-    ),
-    pytest.param(
-        drop(("deployment", "authentication", "audience")),
-        "deployment.authentication.audience",
-        id="audience-missing",
-    ),
+    refusal("alg-empty", put(("deployment", "authentication", "algorithms"), [])),
+    refusal("skew-high", put(("deployment", "authentication", "clockSkewSeconds"), 301)),
+    refusal("skew-negative", put(("deployment", "authentication", "clockSkewSeconds"), -1)),
+    refusal("audience-missing", drop(("deployment", "authentication", "audience"))),
 ]
 
 
@@ -427,16 +258,8 @@ def test_complete_file_passes(tmp_path: Path, document: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("mutation", "path"), CASES)
-def test_each_rule_refuses_with_its_key_path(
-    tmp_path: Path, document: dict[str, Any], mutation: Mutation, path: str
-) -> None:
-    mutation(document, tmp_path)
-    runtime = write_runtime(tmp_path / "runtime.yaml", document)
-    with pytest.raises(ConfigInvalid) as caught:
-        check_runtime_file(runtime)
-    assert caught.value.code == "config.invalid"
-    assert caught.value.path == path
-    assert caught.value.cli_line().startswith(f"coordinator.config.invalid: {path}: ")
+def test_each_rule_refuses_with_its_key_path(tmp_path: Path, mutation: Mutation, path: str) -> None:
+    assert_refused_at(tmp_path, mutation, path)
 
 
 # -- packages ---------------------------------------------------------------------------

@@ -7,19 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.config import check_runtime_file
-from core.errors import ConfigInvalid
 from tests.helpers.packages import make_package
-from tests.helpers.runtime_files import (
-    Mutation,
-    both,
-    complete_runtime,
-    drop,
-    put,
-    write_runtime,
-)
-
-POLICIES = "deployment.authentication.policies"
+from tests.helpers.runtime_files import Mutation, assert_refused_at, both, drop, put, refusal
 
 
 def _package_needing(connections: dict[str, str]) -> Mutation:
@@ -30,329 +19,150 @@ def _package_needing(connections: dict[str, str]) -> Mutation:
     return mutate
 
 
-# (mutation, exact key path of the refusal). Every case is refused with config.invalid.
-CONNECTION_CASES: list[Any] = [
+# Every case is refused with config.invalid at the key it edits, or at the path ``at`` names.
+CONNECTION_CASES: list[pytest.ParameterSet] = [
     # references
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "/run/secrets/audit-key"),
-        "deployment.auditKeyRef",
-        id="ref-plain-path",
-    ),
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "secret:file/../audit-key"),
-        "deployment.auditKeyRef",
-        id="ref-traversal",
-    ),
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "secret:file/.."),
-        "deployment.auditKeyRef",
-        id="ref-dotdot",
-    ),
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "secret:file/a/b"),
-        "deployment.auditKeyRef",
-        id="ref-slash",
-    ),
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "secret:file/" + "a" * 129),
-        "deployment.auditKeyRef",
-        id="ref-long",
-    ),
-    pytest.param(
-        put(("deployment", "auditKeyRef"), "secret:vault/audit-key"),
-        "deployment.auditKeyRef",
-        id="ref-provider",
-    ),
-    pytest.param(
-        put(("deployment", "admissionKeyRef"), "secret:env/1BAD"),
-        "deployment.admissionKeyRef",
-        id="ref-env-name",
-    ),
-    pytest.param(
+    refusal("ref-plain-path", put(("deployment", "auditKeyRef"), "/run/secrets/audit-key")),
+    refusal("ref-traversal", put(("deployment", "auditKeyRef"), "secret:file/../audit-key")),
+    refusal("ref-dotdot", put(("deployment", "auditKeyRef"), "secret:file/..")),
+    refusal("ref-slash", put(("deployment", "auditKeyRef"), "secret:file/a/b")),
+    refusal("ref-long", put(("deployment", "auditKeyRef"), "secret:file/" + "a" * 129)),
+    refusal("ref-provider", put(("deployment", "auditKeyRef"), "secret:vault/audit-key")),
+    refusal("ref-env-name", put(("deployment", "admissionKeyRef"), "secret:env/1BAD")),
+    refusal(
+        "ref-env-provider-disabled",
         drop(("secretProviders", "environment")),
-        "database.migrationUrlRef",
-        id="ref-env-provider-disabled",
+        at="database.migrationUrlRef",
     ),
-    pytest.param(
-        drop(("secretProviders", "file")), "database.runtimeUrlRef", id="ref-file-provider-disabled"
+    refusal(
+        "ref-file-provider-disabled", drop(("secretProviders", "file")), at="database.runtimeUrlRef"
     ),
-    pytest.param(
-        put(("deployment", "stateKeys", 1, "ref"), "secret:file/"),
-        "deployment.stateKeys[1].ref",
-        id="ref-empty-name",
-    ),
-    pytest.param(
-        put(("connections", "notices", "authorization", "signingKeyRef"), {"file": "x"}),
-        "connections.notices.authorization.signingKeyRef",
-        id="ref-type",
+    refusal("ref-empty-name", put(("deployment", "stateKeys", 1, "ref"), "secret:file/")),
+    refusal(
+        "ref-type", put(("connections", "notices", "authorization", "signingKeyRef"), {"file": "x"})
     ),
     # connections against packages
-    pytest.param(drop(("connections", "notices")), "connections.notices", id="connection-missing"),
-    pytest.param(
-        put(("connections", "notices", "type"), "scheduling"),
-        "connections.notices.type",
-        id="connection-wrong-type",
-    ),
-    pytest.param(
-        put(("connections", "notices", "type"), "email"),
-        "connections.notices.type",
-        id="connection-unknown-type",
-    ),
-    pytest.param(
+    refusal("connection-missing", drop(("connections", "notices"))),
+    refusal("connection-wrong-type", put(("connections", "notices", "type"), "scheduling")),
+    refusal("connection-unknown-type", put(("connections", "notices", "type"), "email")),
+    refusal(
+        "connection-missing-for-new-package",
         _package_needing({"fresh": "breg-action"}),
-        "connections.fresh",
-        id="connection-missing-for-new-package",
+        at="connections.fresh",
     ),
     # per-type keys
-    pytest.param(
-        drop(("connections", "review", "producer")),
-        "connections.review.producer",
-        id="casework-producer-missing",
-    ),
-    pytest.param(
-        put(("connections", "notices", "producer"), "coordinator"),
-        "connections.notices.producer",
-        id="messaging-producer",
-    ),
-    pytest.param(
+    refusal("casework-producer-missing", drop(("connections", "review", "producer"))),
+    refusal("messaging-producer", put(("connections", "notices", "producer"), "coordinator")),
+    refusal(
+        "scheduling-completion",
         put(
             ("connections", "slots", "completion"),
             {"recipientBinding": "x", "bearerTokenRef": "secret:file/t"},
         ),
-        "connections.slots.completion",
-        id="scheduling-completion",
     ),
-    pytest.param(
-        put(("connections", "register", "resultCheckSeconds"), 900),
-        "connections.register.resultCheckSeconds",
-        id="breg-result-check",
-    ),
-    pytest.param(
-        drop(("connections", "notices", "baseUrl")),
-        "connections.notices.baseUrl",
-        id="base-url-missing",
-    ),
-    pytest.param(
-        drop(("connections", "notices", "profile")),
-        "connections.notices.profile",
-        id="profile-missing",
-    ),
-    pytest.param(
-        put(("connections", "notices", "profile"), "a/b"),
-        "connections.notices.profile",
-        id="profile-slash",
-    ),
-    pytest.param(
-        drop(("connections", "notices", "authorization")),
-        "connections.notices.authorization",
-        id="authorization-missing",
-    ),
-    pytest.param(
-        drop(("connections", "notices", "type")), "connections.notices.type", id="type-missing"
-    ),
-    pytest.param(
-        drop(("connections", "notices", "authorization", "clientId")),
-        "connections.notices.authorization.clientId",
-        id="client-id-missing",
-    ),
-    pytest.param(
-        put(("connections", "notices", "authorization", "scopes"), []),
-        "connections.notices.authorization.scopes",
-        id="scopes-empty",
-    ),
-    pytest.param(
+    refusal("breg-result-check", put(("connections", "register", "resultCheckSeconds"), 900)),
+    refusal("base-url-missing", drop(("connections", "notices", "baseUrl"))),
+    refusal("profile-missing", drop(("connections", "notices", "profile"))),
+    refusal("profile-slash", put(("connections", "notices", "profile"), "a/b")),
+    refusal("authorization-missing", drop(("connections", "notices", "authorization"))),
+    refusal("type-missing", drop(("connections", "notices", "type"))),
+    refusal("client-id-missing", drop(("connections", "notices", "authorization", "clientId"))),
+    refusal("scopes-empty", put(("connections", "notices", "authorization", "scopes"), [])),
+    refusal(
+        "scope-space",
         put(("connections", "notices", "authorization", "scopes"), ["messages:send", "bad scope"]),
-        "connections.notices.authorization.scopes[1]",
-        id="scope-space",
+        at="connections.notices.authorization.scopes[1]",
     ),
-    pytest.param(
+    refusal(
+        "audience-not-uri",
         put(("connections", "notices", "authorization", "audience"), "not a uri"),
-        "connections.notices.authorization.audience",
-        id="audience-not-uri",
     ),
-    pytest.param(
-        drop(("connections", "review", "completion", "bearerTokenRef")),
-        "connections.review.completion.bearerTokenRef",
-        id="completion-token-missing",
+    refusal(
+        "completion-token-missing", drop(("connections", "review", "completion", "bearerTokenRef"))
     ),
-    pytest.param(
+    refusal(
+        "binding-space",
         put(("connections", "review", "completion", "recipientBinding"), "coordinator v1"),
-        "connections.review.completion.recipientBinding",
-        id="binding-space",
     ),
-    pytest.param(
+    refusal(
+        "binding-too-long",
         put(("connections", "review", "completion", "recipientBinding"), "b" * 257),
-        "connections.review.completion.recipientBinding",
-        id="binding-too-long",
     ),
-    pytest.param(
+    refusal(
+        "binding-non-ascii",
         put(("connections", "review", "completion", "recipientBinding"), "bindé"),
-        "connections.review.completion.recipientBinding",
-        id="binding-non-ascii",
     ),
-    pytest.param(
+    refusal(
+        "binding-duplicate",
         put(("connections", "escalation", "completion", "recipientBinding"), "coordinator-v1"),
-        "connections.escalation.completion.recipientBinding",
-        id="binding-duplicate",
     ),
-    pytest.param(
-        put(("connections", "review", "resultCheckSeconds"), 59),
-        "connections.review.resultCheckSeconds",
-        id="result-check-low",
+    refusal("result-check-low", put(("connections", "review", "resultCheckSeconds"), 59)),
+    refusal("result-check-high", put(("connections", "review", "resultCheckSeconds"), 86401)),
+    refusal("result-check-float", put(("connections", "review", "resultCheckSeconds"), 90.5)),
+    refusal(
+        "base-url-http", put(("connections", "review", "baseUrl"), "http://casework.example.org")
     ),
-    pytest.param(
-        put(("connections", "review", "resultCheckSeconds"), 86401),
-        "connections.review.resultCheckSeconds",
-        id="result-check-high",
+    refusal(
+        "base-url-ftp", put(("connections", "review", "baseUrl"), "ftp://casework.example.org")
     ),
-    pytest.param(
-        put(("connections", "review", "resultCheckSeconds"), 90.5),
-        "connections.review.resultCheckSeconds",
-        id="result-check-float",
-    ),
-    pytest.param(
-        put(("connections", "review", "baseUrl"), "http://casework.example.org"),
-        "connections.review.baseUrl",
-        id="base-url-http",
-    ),
-    pytest.param(
-        put(("connections", "review", "baseUrl"), "ftp://casework.example.org"),
-        "connections.review.baseUrl",
-        id="base-url-ftp",
-    ),
-    pytest.param(
+    refusal(
+        "base-url-credentials",
         put(("connections", "review", "baseUrl"), "https://user:pw@casework.example.org"),
-        "connections.review.baseUrl",
-        id="base-url-credentials",
     ),
-    pytest.param(
+    refusal(
+        "base-url-fragment",
         put(("connections", "review", "baseUrl"), "https://casework.example.org/#x"),
-        "connections.review.baseUrl",
-        id="base-url-fragment",
     ),
-    pytest.param(
-        put(("connections", "review", "baseUrl"), "casework.example.org"),
-        "connections.review.baseUrl",
-        id="base-url-relative",
-    ),
-    pytest.param(
-        put(("connections", "bad.name"), {}), "connections.bad.name", id="connection-name"
-    ),
+    refusal("base-url-relative", put(("connections", "review", "baseUrl"), "casework.example.org")),
+    refusal("connection-name", put(("connections", "bad.name"), {})),
     # event sources
-    pytest.param(
-        put(("eventSources", "intake", "workflow"), "unpackaged"),
-        "eventSources.intake.workflow",
-        id="event-workflow-unpackaged",
-    ),
-    pytest.param(
+    refusal("event-workflow-unpackaged", put(("eventSources", "intake", "workflow"), "unpackaged")),
+    refusal(
+        "event-source-duplicate",
         put(("eventSources", "bookings", "source"), "https://intake.example.org/applications"),
-        "eventSources.bookings.source",
-        id="event-source-duplicate",
     ),
-    pytest.param(
-        drop(("eventSources", "intake", "signingKeyRef")),
-        "eventSources.intake.signingKeyRef",
-        id="event-key-missing",
-    ),
+    refusal("event-key-missing", drop(("eventSources", "intake", "signingKeyRef"))),
     # missing required keys
-    pytest.param(drop(("namespace",)), "namespace", id="missing-namespace"),
-    pytest.param(
-        drop(("database", "runtimeUrlRef")), "database.runtimeUrlRef", id="missing-runtime-url"
-    ),
-    pytest.param(
-        drop(("deployment", "runtimeRole")), "deployment.runtimeRole", id="missing-runtime-role"
-    ),
-    pytest.param(
-        drop(("deployment", "auditFile")), "deployment.auditFile", id="missing-audit-file"
-    ),
-    pytest.param(
-        drop(("secretProviders", "file", "root")),
-        "secretProviders.file.root",
-        id="missing-secret-root",
-    ),
-    pytest.param(
-        put(("secretProviders", "environment"), None),
-        "secretProviders.environment",
-        id="environment-null",
-    ),
+    refusal("missing-namespace", drop(("namespace",))),
+    refusal("missing-runtime-url", drop(("database", "runtimeUrlRef"))),
+    refusal("missing-runtime-role", drop(("deployment", "runtimeRole"))),
+    refusal("missing-audit-file", drop(("deployment", "auditFile"))),
+    refusal("missing-secret-root", drop(("secretProviders", "file", "root"))),
+    refusal("environment-null", put(("secretProviders", "environment"), None)),
     # unknown keys at several depths
-    pytest.param(put(("extra",), 1), "extra", id="unknown-top"),
-    pytest.param(
-        put(("secretProviders", "file", "mode"), "0700"),
-        "secretProviders.file.mode",
-        id="unknown-file-provider",
-    ),
-    pytest.param(
-        put(("secretProviders", "environment", "prefix"), "X_"),
-        "secretProviders.environment.prefix",
-        id="unknown-environment",
-    ),
-    pytest.param(put(("database", "url"), "postgresql://x"), "database.url", id="unknown-database"),
-    pytest.param(
-        put(("deployment", "listener", "port"), 8108),
-        "deployment.listener.port",
-        id="unknown-listener",
-    ),
-    pytest.param(
-        put(("deployment", "packages", 1, "name"), "x"),
-        "deployment.packages[1].name",
-        id="unknown-package",
-    ),
-    pytest.param(
-        put(("deployment", "stateKeys", 0, "active"), True),
-        "deployment.stateKeys[0].active",
-        id="unknown-state-key",
-    ),
-    pytest.param(
+    refusal("unknown-top", put(("extra",), 1)),
+    refusal("unknown-file-provider", put(("secretProviders", "file", "mode"), "0700")),
+    refusal("unknown-environment", put(("secretProviders", "environment", "prefix"), "X_")),
+    refusal("unknown-database", put(("database", "url"), "postgresql://x")),
+    refusal("unknown-listener", put(("deployment", "listener", "port"), 8108)),
+    refusal("unknown-package", put(("deployment", "packages", 1, "name"), "x")),
+    refusal("unknown-state-key", put(("deployment", "stateKeys", 0, "active"), True)),
+    refusal(
+        "unknown-policy",
         put(("deployment", "authentication", "policies", "intake-portal", "scope"), "x"),
-        f"{POLICIES}.intake-portal.scope",
-        id="unknown-policy",
     ),
-    pytest.param(
-        put(("connections", "review", "authorization", "secret"), "x"),
-        "connections.review.authorization.secret",
-        id="unknown-authorization",
+    refusal(
+        "unknown-authorization", put(("connections", "review", "authorization", "secret"), "x")
     ),
-    pytest.param(
-        put(("connections", "review", "completion", "url"), "https://x"),
-        "connections.review.completion.url",
-        id="unknown-completion",
-    ),
-    pytest.param(
-        put(("eventSources", "intake", "key"), "x"),
-        "eventSources.intake.key",
-        id="unknown-event-source",
-    ),
+    refusal("unknown-completion", put(("connections", "review", "completion", "url"), "https://x")),
+    refusal("unknown-event-source", put(("eventSources", "intake", "key"), "x")),
     # wrong container types
-    pytest.param(put(("deployment",), []), "deployment", id="deployment-list"),
-    pytest.param(put(("connections",), ["review"]), "connections", id="connections-list"),
-    pytest.param(
-        put(("deployment", "packages"), {"root": "x"}), "deployment.packages", id="packages-mapping"
-    ),
-    pytest.param(
+    refusal("deployment-list", put(("deployment",), [])),
+    refusal("connections-list", put(("connections",), ["review"])),
+    refusal("packages-mapping", put(("deployment", "packages"), {"root": "x"})),
+    refusal(
+        "metrics-same-v6-spelling",
         both(
             put(("deployment", "listener", "bind"), "[fd00::1]:8108"),
             put(("deployment", "metricsListener", "bind"), "[FD00::1]:8108"),
         ),
-        "deployment.metricsListener.bind",
-        id="metrics-same-v6-spelling",
+        at="deployment.metricsListener.bind",
     ),
 ]
 
 
-@pytest.fixture
-def document(tmp_path: Path) -> dict[str, Any]:
-    return complete_runtime(tmp_path)
-
-
 @pytest.mark.parametrize(("mutation", "path"), CONNECTION_CASES)
 def test_each_connection_rule_refuses_with_its_key_path(
-    tmp_path: Path, document: dict[str, Any], mutation: Mutation, path: str
+    tmp_path: Path, mutation: Mutation, path: str
 ) -> None:
-    mutation(document, tmp_path)
-    runtime = write_runtime(tmp_path / "runtime.yaml", document)
-    with pytest.raises(ConfigInvalid) as caught:
-        check_runtime_file(runtime)
-    assert caught.value.code == "config.invalid"
-    assert caught.value.path == path
-    assert caught.value.cli_line().startswith(f"coordinator.config.invalid: {path}: ")
+    assert_refused_at(tmp_path, mutation, path)

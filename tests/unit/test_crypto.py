@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from core.codes import Code
 from core.config import load_runtime_file
 from core.crypto import (
     NONCE_BYTES,
-    PAYLOAD_UNAUTHENTIC,
     PURPOSES,
-    STATE_KEY_CUSTODY,
     Keyring,
     Sealed,
     associated_data,
@@ -92,7 +91,7 @@ def test_a_payload_opens_only_where_it_was_sealed(
     sealed = seal(keyring, NAMESPACE, RUN, "input", SECRET_TEXT)
     with pytest.raises(CoordinatorError) as caught:
         open_(keyring, namespace, run_id, purpose, sealed)
-    assert caught.value.code == PAYLOAD_UNAUTHENTIC
+    assert caught.value.code == Code.STATE_PAYLOAD_UNAUTHENTIC
     assert SECRET_TEXT.decode() not in str(caught.value)
 
 
@@ -103,7 +102,7 @@ def test_relabelling_the_key_version_fails() -> None:
     relabelled = Sealed(key_version=2, nonce=sealed.nonce, ciphertext=sealed.ciphertext)
     with pytest.raises(CoordinatorError) as caught:
         open_(keyring, NAMESPACE, RUN, "input", relabelled)
-    assert caught.value.code == PAYLOAD_UNAUTHENTIC
+    assert caught.value.code == Code.STATE_PAYLOAD_UNAUTHENTIC
 
 
 @pytest.mark.parametrize("part", ["ciphertext", "tag", "nonce"])
@@ -119,7 +118,7 @@ def test_tampering_is_detected(keyring: Keyring, part: str) -> None:
     tampered = Sealed(sealed.key_version, bytes(nonce), bytes(body))
     with pytest.raises(CoordinatorError) as caught:
         open_(keyring, NAMESPACE, RUN, "response", tampered)
-    assert caught.value.code == PAYLOAD_UNAUTHENTIC
+    assert caught.value.code == Code.STATE_PAYLOAD_UNAUTHENTIC
     assert "private" not in caught.value.detail
 
 
@@ -131,7 +130,7 @@ def test_malformed_sealed_values_are_refused(keyring: Keyring) -> None:
     ):
         with pytest.raises(CoordinatorError) as caught:
             open_(keyring, NAMESPACE, RUN, "event", bad)
-        assert caught.value.code == PAYLOAD_UNAUTHENTIC
+        assert caught.value.code == Code.STATE_PAYLOAD_UNAUTHENTIC
 
 
 def test_a_key_version_that_is_not_configured_is_a_custody_failure(keyring: Keyring) -> None:
@@ -139,7 +138,7 @@ def test_a_key_version_that_is_not_configured_is_a_custody_failure(keyring: Keyr
     sealed = seal(other, NAMESPACE, RUN, "wait-result", SECRET_TEXT)
     with pytest.raises(CoordinatorError) as caught:
         open_(keyring, NAMESPACE, RUN, "wait-result", sealed)
-    assert caught.value.code == STATE_KEY_CUSTODY
+    assert caught.value.code == Code.STATE_KEY_CUSTODY
     assert "version 2" in caught.value.detail
 
 
@@ -148,7 +147,7 @@ def test_a_wrong_key_under_the_right_version_does_not_authenticate(keyring: Keyr
     swapped = Keyring(keys={1: KEY_2}, active=1)
     with pytest.raises(CoordinatorError) as caught:
         open_(swapped, NAMESPACE, RUN, "input", sealed)
-    assert caught.value.code == PAYLOAD_UNAUTHENTIC
+    assert caught.value.code == Code.STATE_PAYLOAD_UNAUTHENTIC
 
 
 def test_rotation_writes_with_the_active_version_and_reads_older_ones(keyring: Keyring) -> None:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import pytest
 
-from core.db.queries import NAMESPACE_MAX_BYTES, Queries, load, parse_query_file, render
-from core.db.roles import component_roles
+from core.db.queries import (
+    NAMESPACE_MAX_BYTES,
+    Queries,
+    load,
+    parameter_count,
+    parse_query_file,
+    render,
+    without_comments,
+)
+from core.db.query_names import IDENTIFIERS
+from core.db.roles import COMPONENTS, GRANTS, component_roles
 from core.errors import CoordinatorError
 
 
@@ -38,9 +50,58 @@ def test_every_shipped_query_is_described_and_uses_only_the_namespace_placeholde
     queries = load()
     assert {"activation_list", "catalog_dump", "role_schema_rights"} <= set(queries)
     for name, sql in queries.items():
+        # The few statements that need other identifiers name them as {{word}}s.
+        for word in IDENTIFIERS.get(name, ()):
+            sql = sql.replace("{{" + word + "}}", "")
         assert sql.replace("{{ns}}", "").count("{{") == 0, name
         # The comment under the header is the query's documentation, $1..$n included.
         assert sql.startswith("-- "), name
+
+
+def test_every_parameter_is_used_in_order_and_described_in_the_header() -> None:
+    for name, sql in load().items():
+        header = "\n".join(
+            itertools.takewhile(lambda line: line.startswith("--"), sql.splitlines())
+        )
+        used = {int(n) for n in re.findall(r"\$([1-9][0-9]*)", without_comments(sql))}
+        assert used == set(range(1, parameter_count(sql) + 1)), name
+        for n in used:
+            assert re.search(rf"\${n}(?![0-9])", header), f"{name} does not describe ${n}"
+
+
+def test_parameters_in_comments_do_not_count() -> None:
+    assert parameter_count("-- $1 and $2\nSELECT $1 -- not $3\n") == 1
+    assert parameter_count("SELECT 1") == 0
+
+
+def test_identifiers_are_quoted_and_must_all_be_given() -> None:
+    queries = Queries("coordinator_a")
+    assert queries.with_identifiers("role_create", role="coordinator_a_audit").endswith(
+        'CREATE ROLE "coordinator_a_audit" NOLOGIN NOINHERIT;'
+    )
+    for unfit in ('we"ird', "x$grants$", "Upper", "", "a" * 64):
+        with pytest.raises(ValueError, match="must match"):
+            queries.with_identifiers("role_create", role=unfit)
+    with pytest.raises(ValueError, match="takes the identifiers role"):
+        queries.with_identifiers("role_create")
+    with pytest.raises(ValueError, match="takes the identifiers role"):
+        queries.with_identifiers("role_create", role="x", other="y")
+    with pytest.raises(ValueError, match="use with_identifiers"):
+        queries["role_create"]
+    with pytest.raises(ValueError, match="takes the identifiers none"):
+        queries.with_identifiers("activation_list", role="x")
+
+
+def test_the_grants_table_is_read_from_the_grants_query() -> None:
+    assert set(GRANTS) == set(COMPONENTS)
+    for tables in GRANTS.values():
+        assert tables["schema_version"][0] == "SELECT"
+    assert GRANTS["admission"]["step"] == (
+        "SELECT",
+        "INSERT",
+        "UPDATE (due_at, next_check_at, updated_at)",
+    )
+    assert GRANTS["recovery"]["hold"] == ("SELECT", "UPDATE")
 
 
 def test_rendering_puts_the_quoted_namespace_in() -> None:

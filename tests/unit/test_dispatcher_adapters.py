@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from core.bindings import Binding
 from core.workflow.catalogue import CONNECTION_TYPES
-from dispatcher.adapters import ADAPTERS, Binding, RequestUnbuildable, adapter_for
+from dispatcher.adapters import ADAPTERS, RequestUnbuildable, adapter_for
 
 KEY = "a" * 64
 
@@ -15,12 +16,11 @@ KEY = "a" * 64
 def binding(connection_type: str, **changes: object) -> Binding:
     fields: dict[str, object] = {
         "connection": "conn",
-        "connection_type": connection_type,
+        "type": connection_type,
         "base_url": "https://product.internal.example.org/api/",
         "client_id": "coordinator-client",
         "issuer": "https://issuer.example.org",
-        "scopes": ("scope:a",),
-        "audience": "https://product.internal.example.org/api/",
+        "scopes": frozenset({"scope:a"}),
         "profile": "team profile",
         "producer": "coordinator" if connection_type == "casework-review-producer" else None,
     }
@@ -40,7 +40,7 @@ def test_a_messaging_request_has_the_route_body_and_three_headers() -> None:
     adapter = adapter_for("messaging")
     op = adapter.operation("send-notice")
     command = {"template": "t", "recipientRef": "r", "parameters": {"b": 1, "a": [2]}}
-    request = adapter.build(op, binding("messaging"), command, KEY, "tok-1")
+    request = adapter.build(op, binding("messaging"), command, KEY).authorized("tok-1")
     assert request.method == "POST"
     # The base URL's path is kept; the profile is one percent-encoded path segment.
     assert request.url == (
@@ -60,7 +60,7 @@ def test_casework_requests_carry_the_bindings_producer() -> None:
     adapter = adapter_for("casework-review-producer")
     op = adapter.operation("create-review-request")
     command = {"subjectRef": "APP-1", "summary": "Application APP-1"}
-    request = adapter.build(op, binding(op_type := "casework-review-producer"), command, KEY, "t")
+    request = adapter.build(op, binding(op_type := "casework-review-producer"), command, KEY)
     assert op_type == adapter.connection_type
     assert json.loads(request.body) == {**command, "producer": "coordinator"}
     assert request.url.endswith("/v1/projects/team%20profile/review-requests")
@@ -70,7 +70,7 @@ def test_a_casework_binding_without_producer_cannot_build_a_request() -> None:
     adapter = adapter_for("casework-review-producer")
     op = adapter.operation("create-review-request")
     with pytest.raises(RequestUnbuildable) as refused:
-        adapter.build(op, binding(adapter.connection_type, producer=None), {}, KEY, "t")
+        adapter.build(op, binding(adapter.connection_type, producer=None), {}, KEY)
     assert refused.value.pointer == "/producer"
 
 
@@ -86,6 +86,6 @@ def test_each_catalogued_operation_builds() -> None:
     for name, adapter in ADAPTERS.items():
         kind = CONNECTION_TYPES[name]
         for op in kind.operations.values():
-            request = adapter.build(op, binding(name), {}, KEY, "t")
+            request = adapter.build(op, binding(name), {}, KEY)
             assert request.method == op.method
             assert request.url.startswith("https://product.internal.example.org/api/v1/")

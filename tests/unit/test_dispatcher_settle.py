@@ -10,9 +10,11 @@ from typing import Any
 import asyncpg
 import pytest
 
+from core.codes import Code
 from core.errors import CoordinatorError
-from dispatcher.context import Claimed
-from dispatcher.settle import STORE_RETRY_DELAYS, Settler, Tx
+from dispatcher.claim import Claimed
+from dispatcher.settle import STORE_RETRY_DELAYS, Settler
+from dispatcher.tx import Tx
 
 CLAIMED = Claimed("run-1", "send", 1, "call", "ready", 0, None, None, False)
 
@@ -47,9 +49,9 @@ async def record(tx: Any) -> str:
 async def test_an_outcome_is_recorded_after_outages_and_a_deadlock() -> None:
     settler = FlakySettler(
         [
-            CoordinatorError("service.unavailable", "the database cannot be reached"),
+            CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached"),
             asyncpg.DeadlockDetectedError("deadlock detected"),
-            CoordinatorError("service.unavailable", "the database cannot be reached"),
+            CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached"),
         ]
     )
     assert await settler.settle(CLAIMED, record) == (True, "recorded with tx")
@@ -58,7 +60,7 @@ async def test_an_outcome_is_recorded_after_outages_and_a_deadlock() -> None:
 
 
 async def test_retries_are_bounded() -> None:
-    outage = CoordinatorError("service.unavailable", "the database cannot be reached")
+    outage = CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached")
     settler = FlakySettler([outage] * 20)
     with pytest.raises(CoordinatorError):
         await settler.settle(CLAIMED, record)
@@ -67,7 +69,7 @@ async def test_retries_are_bounded() -> None:
 
 
 async def test_other_refusals_are_not_retried() -> None:
-    settler = FlakySettler([CoordinatorError("deployment.refused", "permission denied")])
+    settler = FlakySettler([CoordinatorError(Code.DEPLOYMENT_REFUSED, "permission denied")])
     with pytest.raises(CoordinatorError):
         await settler.settle(CLAIMED, record)
     assert (settler.opened, settler.slept) == (1, [])

@@ -14,9 +14,10 @@ import pytest
 from starlette.requests import Request
 
 from core.errors import CoordinatorError
+from core.runs import StartResult
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
-from gateway.backend import AuditRecord, StartResult
+from gateway.backend import AuditRecord
 from gateway.completions import CompletionCredential, CompletionHandler, match, presented
 from gateway.events import (
     TOLERANCE_SECONDS,

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from core.codes import Code
 from core.errors import CoordinatorError
 from gateway.auth import JwksUnavailable
 from gateway.backend import AuditRecord, BackendCaller, ListQuery
@@ -279,7 +280,7 @@ async def test_input_invalid_keeps_only_safe_extras(
     client: httpx.AsyncClient, backend: FakeBackend
 ) -> None:
     backend.refusal = CoordinatorError(
-        "input.invalid",
+        Code.INPUT_INVALID,
         "the input does not match the schema",
         {"errors": [{"pointer": "/applicant", "reason": "required"}], "input": "secret"},
     )
@@ -521,7 +522,7 @@ async def test_run_action_on_another_principals_run_is_404(
 async def test_run_action_refusal_from_recovery_is_relayed(
     client: httpx.AsyncClient, backend: FakeBackend
 ) -> None:
-    backend.refusal = CoordinatorError("reconcile.unsupported", "no receipts for this product")
+    backend.refusal = CoordinatorError(Code.RECONCILE_UNSUPPORTED, "no receipts for this product")
     response = await client.post(
         f"/v1/runs/{RUN_A}/reconcile", json={"reason": "INC-1"}, headers=CASE_OPERATOR
     )
@@ -629,7 +630,7 @@ async def test_operator_actions_need_an_operator_policy(
 
 
 @pytest.mark.parametrize("path", ["/v1/review-completions", "/v1/events"])
-async def test_producer_routes_refuse_until_implemented(
+async def test_producer_routes_without_a_hook_refuse_every_caller(
     client: httpx.AsyncClient, backend: FakeBackend, path: str
 ) -> None:
     problem(await client.post(path, json={"reviewId": "r-1"}), 401, "authentication.refused")
@@ -705,7 +706,7 @@ async def test_the_answer_waits_for_the_audit_record(
 async def test_audit_failure_withholds_the_answer(
     client: httpx.AsyncClient, backend: FakeBackend
 ) -> None:
-    backend.audit_refusal = CoordinatorError("service.unavailable", "auditd is down")
+    backend.audit_refusal = CoordinatorError(Code.SERVICE_UNAVAILABLE, "auditd is down")
     response = await client.post(START_PATH, json={"input": {"a": 1}}, headers=start_headers())
     problem(response, 503, "audit.response-unavailable")
     assert backend.names() == ["start", "audit"]  # the start may have taken effect
@@ -737,7 +738,7 @@ async def test_unexpected_failure_is_a_bare_500_with_a_correlation_id(
 async def test_uncatalogued_refusal_codes_become_500(
     client: httpx.AsyncClient, backend: FakeBackend
 ) -> None:
-    backend.refusal = CoordinatorError("internal", "the recovery component failed")
+    backend.refusal = CoordinatorError(Code.INTERNAL, "the recovery component failed")
     response = await client.get(f"/v1/runs/{RUN_A}", headers=ALICE)
     document = problem(response, 500, "internal")
     assert "recovery" not in document["detail"]

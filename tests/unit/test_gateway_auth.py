@@ -18,13 +18,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from core.codes import Code
 from core.config.model import Authentication, SigningKeys
 from core.errors import CoordinatorError
 from core.secrets import SecretRef, SecretResolver
 from gateway.auth import (
-    AUTHENTICATION_REFUSED,
     MAX_TOKEN_BYTES,
-    SERVICE_UNAVAILABLE,
     AuthenticationRefused,
     HttpJwksSource,
     JwksUnavailable,
@@ -157,7 +156,7 @@ async def refused(verifier: TokenVerifier, token: str) -> AuthenticationRefused:
     with pytest.raises(AuthenticationRefused) as caught:
         await verifier.verify(token)
     error = caught.value
-    assert error.code == AUTHENTICATION_REFUSED
+    assert error.code == Code.AUTHENTICATION_REFUSED
     # The caller learns nothing from the detail, and the token never appears in it.
     assert error.detail == "the access token is missing or not acceptable"
     for part in [token, *token.split(".")]:
@@ -514,7 +513,7 @@ async def test_unreachable_jwks_without_keys_is_service_unavailable() -> None:
     token = mint()
     with pytest.raises(CoordinatorError) as caught:
         await verifier.verify(token)
-    assert caught.value.code == SERVICE_UNAVAILABLE
+    assert caught.value.code == Code.SERVICE_UNAVAILABLE
     assert token not in str(caught.value)
     # The issuer returns; after the short retry pause the verifier recovers by itself.
     source.fail = False
@@ -604,7 +603,7 @@ async def test_http_source_connection_failure_is_unavailable() -> None:
         verifier = make_verifier(HttpJwksSource(JWKS_URL, client))
         with pytest.raises(CoordinatorError) as caught:
             await verifier.verify(mint())
-    assert caught.value.code == SERVICE_UNAVAILABLE
+    assert caught.value.code == Code.SERVICE_UNAVAILABLE
 
 
 def authentication(jwks_url: str | None, jwks_ref: SecretRef | None) -> Authentication:

@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from auditd.journal import (
-    AUDIT_UNAVAILABLE,
-    JOURNAL_BROKEN,
-    SEGMENT_ACTION,
-    AuditEntry,
-    Journal,
-    format_instant,
-    read_tail,
-)
+from auditd.journal import SEGMENT_ACTION, AuditEntry, Journal, read_tail
 from auditd.verify import main as verify_main
 from auditd.verify import verify_file
+from core.clock import timestamp as format_instant
+from core.codes import Code
 from core.errors import CoordinatorError
 
 KEY = bytes(range(32))
@@ -372,7 +366,7 @@ async def test_a_broken_tail_is_never_appended_to(
     journal_path.write_bytes(broken)
     with pytest.raises(CoordinatorError) as caught:
         await open_journal(journal_path, fsync)
-    assert caught.value.code == JOURNAL_BROKEN
+    assert caught.value.code == Code.AUDIT_JOURNAL_BROKEN
     assert "line 3" in caught.value.detail
     assert journal_path.read_bytes() == broken
 
@@ -439,14 +433,15 @@ async def test_a_failing_fsync_makes_the_journal_unready(
         *(journal.append([operator_entry()]) for _ in range(3)), return_exceptions=True
     )
     assert all(
-        isinstance(item, CoordinatorError) and item.code == AUDIT_UNAVAILABLE for item in outcomes
+        isinstance(item, CoordinatorError) and item.code == Code.AUDIT_RESPONSE_UNAVAILABLE
+        for item in outcomes
     )
     assert not journal.ready
     calls = fsync.calls
     fsync.fail = False  # even a healthy disk does not make an unknown state trustworthy
     with pytest.raises(CoordinatorError) as caught:
         await journal.append([operator_entry()])
-    assert caught.value.code == AUDIT_UNAVAILABLE
+    assert caught.value.code == Code.AUDIT_RESPONSE_UNAVAILABLE
     assert fsync.calls == calls
     await journal.close()
 
@@ -457,7 +452,7 @@ async def test_a_closed_journal_refuses_appends(journal_path: Path, fsync: Count
     assert not journal.ready
     with pytest.raises(CoordinatorError) as caught:
         await journal.append([operator_entry()])
-    assert caught.value.code == AUDIT_UNAVAILABLE
+    assert caught.value.code == Code.AUDIT_RESPONSE_UNAVAILABLE
 
 
 async def test_a_failing_first_segment_write_refuses_to_open(
@@ -474,7 +469,7 @@ async def test_a_failing_first_segment_write_refuses_to_open(
     journal_path.parent.mkdir()
     with pytest.raises(CoordinatorError) as caught:
         await Journal.open(journal_path, KEY, clock=FakeClock(), fsync=fail_on_data)
-    assert caught.value.code == AUDIT_UNAVAILABLE
+    assert caught.value.code == Code.AUDIT_RESPONSE_UNAVAILABLE
 
 
 async def test_an_empty_append_writes_nothing(journal_path: Path, fsync: CountingFsync) -> None:

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from core.codes import Code
 from core.config.model import DEPLOYMENT_ACTIONS, Policy
 from core.errors import CoordinatorError
 from gateway.policies import (
-    AUTHORIZATION_REFUSED,
-    RUN_NOT_FOUND,
     ListScope,
     RunOwner,
     authorize_deployment,
@@ -81,24 +80,24 @@ def code_of(call: object) -> str:
 
 def test_a_client_without_a_policy_is_refused_everything() -> None:
     assert code_of(lambda: authorize_start(POLICIES, STRANGER, "approval-notice")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
     for action in RUN_ACTIONS_ON_RUNS:
         assert code_of(lambda a=action: authorize_run(POLICIES, STRANGER, a, OWN_RUN)) == (
-            AUTHORIZATION_REFUSED
+            Code.AUTHORIZATION_REFUSED
         )
     for action in DEPLOYMENT_ACTIONS:
         assert code_of(lambda a=action: authorize_deployment(POLICIES, STRANGER, a)) == (
-            AUTHORIZATION_REFUSED
+            Code.AUTHORIZATION_REFUSED
         )
-    assert code_of(lambda: list_scope(POLICIES, STRANGER)) == AUTHORIZATION_REFUSED
+    assert code_of(lambda: list_scope(POLICIES, STRANGER)) == Code.AUTHORIZATION_REFUSED
     assert not is_operator(POLICIES, STRANGER)
 
 
 def test_a_missing_run_does_not_hide_a_missing_policy() -> None:
     # Without a policy the answer is 403 whether or not the run exists: nothing to learn.
     assert code_of(lambda: authorize_run(POLICIES, STRANGER, "status", None)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
@@ -108,16 +107,16 @@ def test_a_missing_run_does_not_hide_a_missing_policy() -> None:
 def test_start_needs_the_workflow_in_the_policy() -> None:
     assert authorize_start(POLICIES, PORTAL, "approval-notice") is POLICIES["intake-portal"]
     assert code_of(lambda: authorize_start(POLICIES, PORTAL, "slot-booking")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
 def test_start_needs_the_start_action() -> None:
     assert code_of(lambda: authorize_start(POLICIES, CASE_OPERATOR, "approval-notice")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
     assert code_of(lambda: authorize_start(POLICIES, PLATFORM, "approval-notice")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
@@ -138,19 +137,21 @@ def test_a_non_operator_acts_on_its_own_runs(action: str) -> None:
 @pytest.mark.parametrize("action", ["retry-same", "reconcile"])
 def test_run_actions_not_listed_are_refused(action: str) -> None:
     assert code_of(lambda: authorize_run(POLICIES, PORTAL, action, OWN_RUN)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
 def test_a_non_operator_cannot_see_another_principals_run() -> None:
     assert code_of(lambda: authorize_run(POLICIES, OTHER_PORTAL_USER, "status", OWN_RUN)) == (
-        RUN_NOT_FOUND
+        Code.RUN_NOT_FOUND
     )
 
 
 def test_same_subject_from_another_issuer_is_another_principal() -> None:
     elsewhere = Caller("intake-portal", iss="https://other-issuer.example.org")
-    assert code_of(lambda: authorize_run(POLICIES, elsewhere, "status", OWN_RUN)) == (RUN_NOT_FOUND)
+    assert code_of(lambda: authorize_run(POLICIES, elsewhere, "status", OWN_RUN)) == (
+        Code.RUN_NOT_FOUND
+    )
 
 
 def test_someone_elses_run_and_a_missing_run_answer_alike() -> None:
@@ -159,7 +160,7 @@ def test_someone_elses_run_and_a_missing_run_answer_alike() -> None:
             authorize_run(POLICIES, OTHER_PORTAL_USER, "status", run)
         return caught.value.code, caught.value.detail
 
-    assert detail(OWN_RUN) == detail(None) == (RUN_NOT_FOUND, "no such run")
+    assert detail(OWN_RUN) == detail(None) == (Code.RUN_NOT_FOUND, "no such run")
     # Also when the other principal's run belongs to a workflow outside the policy.
     outside = RunOwner(workflow_id="slot-booking", iss=ISS, sub="portal-user-7")
     assert detail(outside) == detail(None)
@@ -168,7 +169,7 @@ def test_someone_elses_run_and_a_missing_run_answer_alike() -> None:
 def test_a_non_operators_own_run_of_an_unlisted_workflow_is_refused() -> None:
     own_elsewhere = RunOwner(workflow_id="slot-booking", iss=ISS, sub="portal-user-7")
     assert code_of(lambda: authorize_run(POLICIES, PORTAL, "status", own_elsewhere)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
@@ -182,19 +183,19 @@ def test_operators_act_on_every_run_of_their_workflows(action: str) -> None:
 def test_operators_are_refused_runs_of_other_workflows() -> None:
     run = RunOwner(workflow_id="escalation", iss=ISS, sub="someone")
     assert code_of(lambda: authorize_run(POLICIES, CASE_OPERATOR, "status", run)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
 def test_a_missing_run_is_not_found_for_operators_too() -> None:
     assert code_of(lambda: authorize_run(POLICIES, CASE_OPERATOR, "cancel", None)) == (
-        RUN_NOT_FOUND
+        Code.RUN_NOT_FOUND
     )
 
 
 def test_a_deployment_operator_has_no_run_actions() -> None:
     assert code_of(lambda: authorize_run(POLICIES, PLATFORM, "status", OWN_RUN)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
@@ -215,14 +216,14 @@ def test_deployment_actions_for_operators_that_list_them(action: str) -> None:
 @pytest.mark.parametrize("action", DEPLOYMENT_ACTIONS)
 def test_deployment_actions_need_them_listed(action: str) -> None:
     assert code_of(lambda: authorize_deployment(POLICIES, CASE_OPERATOR, action)) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
 def test_deployment_actions_need_operator_even_when_listed() -> None:
     confused = Caller("confused")
     assert code_of(lambda: authorize_deployment(POLICIES, confused, "doctor")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
@@ -252,10 +253,10 @@ def test_a_list_narrowed_to_one_workflow() -> None:
     scope = list_scope(POLICIES, CASE_OPERATOR, "slot-booking")
     assert scope == ListScope(workflows=("slot-booking",), principal=None)
     assert code_of(lambda: list_scope(POLICIES, CASE_OPERATOR, "escalation")) == (
-        AUTHORIZATION_REFUSED
+        Code.AUTHORIZATION_REFUSED
     )
 
 
 def test_listing_needs_the_inspect_action() -> None:
-    assert code_of(lambda: list_scope(POLICIES, PLATFORM)) == AUTHORIZATION_REFUSED
-    assert code_of(lambda: list_scope(POLICIES, Caller("confused"))) == AUTHORIZATION_REFUSED
+    assert code_of(lambda: list_scope(POLICIES, PLATFORM)) == Code.AUTHORIZATION_REFUSED
+    assert code_of(lambda: list_scope(POLICIES, Caller("confused"))) == Code.AUTHORIZATION_REFUSED

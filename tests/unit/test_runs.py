@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from core.clock import timestamp
 from core.errors import CoordinatorError
 from core.runs import (
     Cursor,
@@ -17,7 +18,6 @@ from core.runs import (
     StepRecord,
     document_json,
     inspection_document,
-    timestamp,
 )
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)

@@ -13,17 +13,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from core.codes import Code
 from core.config import load_runtime_file
 from core.errors import ConfigInvalid
-from core.secrets import (
-    SECRET_INSECURE,
-    SECRET_MALFORMED,
-    SECRET_UNREADABLE,
-    SecretError,
-    SecretRef,
-    SecretResolver,
-    parse_reference,
-)
+from core.secrets import SecretError, SecretRef, SecretResolver, parse_reference
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 
 KEY = bytes(range(32))
@@ -129,7 +122,7 @@ def test_read_key_refuses_other_sizes(root: Path, size: int) -> None:
     put_secret(root, "state-key-1", b"k" * size)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/state-key-1")
-    assert caught.value.code == SECRET_MALFORMED
+    assert caught.value.code == Code.SECRET_MALFORMED
     assert caught.value.detail.startswith("secret:file/state-key-1: ")
 
 
@@ -143,7 +136,7 @@ def test_group_or_world_access_is_refused(root: Path, mode: int) -> None:
     put_secret(root, "audit-key", KEY, mode=mode)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_INSECURE
+    assert caught.value.code == Code.SECRET_INSECURE
     assert caught.value.reference == SecretRef("file", "audit-key")
     assert f"{mode:04o}" in caught.value.detail
 
@@ -153,7 +146,7 @@ def test_a_file_owned_by_someone_else_is_refused(root: Path) -> None:
     other_user = os.geteuid() + 1
     with pytest.raises(SecretError) as caught:
         resolver(root, expected_uid=other_user).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_INSECURE
+    assert caught.value.code == Code.SECRET_INSECURE
     assert "owned" in caught.value.detail
 
 
@@ -162,7 +155,7 @@ def test_a_symlink_is_refused_even_to_a_good_file(root: Path, tmp_path: Path) ->
     (root / "audit-key").symlink_to(target)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert "symbolic link" in caught.value.detail
 
 
@@ -176,14 +169,14 @@ def test_a_symlinked_root_folder_is_followed(root: Path, tmp_path: Path) -> None
 def test_a_missing_file_is_unreadable(root: Path) -> None:
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/absent")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert caught.value.detail == "secret:file/absent: does not exist"
 
 
 def test_a_missing_root_is_unreadable(tmp_path: Path) -> None:
     with pytest.raises(SecretError) as caught:
         resolver(tmp_path / "nowhere").read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert "secret root" in caught.value.detail
 
 
@@ -191,7 +184,7 @@ def test_a_folder_is_not_a_secret(root: Path) -> None:
     (root / "audit-key").mkdir(mode=0o700)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert "regular file" in caught.value.detail
 
 
@@ -199,14 +192,14 @@ def test_a_fifo_is_refused_without_blocking(root: Path) -> None:
     os.mkfifo(root / "audit-key", 0o600)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert "regular file" in caught.value.detail
 
 
 def test_no_file_provider_means_file_references_are_unreadable() -> None:
     with pytest.raises(SecretError) as caught:
         resolver(None).read_key("secret:file/audit-key")
-    assert caught.value.code == SECRET_UNREADABLE
+    assert caught.value.code == Code.SECRET_UNREADABLE
     assert "secretProviders.file" in caught.value.detail
 
 
@@ -270,7 +263,7 @@ def test_read_text_refuses_empty_or_binary(root: Path, data: bytes) -> None:
     put_secret(root, "text", data)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_text("secret:file/text")
-    assert caught.value.code == SECRET_MALFORMED
+    assert caught.value.code == Code.SECRET_MALFORMED
 
 
 def test_read_text_limits_the_size(root: Path) -> None:
@@ -279,7 +272,7 @@ def test_read_text_limits_the_size(root: Path) -> None:
     put_secret(root, "token-long", b"t" * 4097)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_text("secret:file/token-long", max_len=4096)
-    assert caught.value.code == SECRET_MALFORMED
+    assert caught.value.code == Code.SECRET_MALFORMED
     assert "4096" in caught.value.detail
 
 
@@ -289,7 +282,7 @@ def test_read_bytes_honours_min_len(root: Path) -> None:
     put_secret(root, "hmac-short", b"h" * 31)
     with pytest.raises(SecretError) as caught:
         resolver(root).read_bytes("secret:file/hmac-short", min_len=32)
-    assert caught.value.code == SECRET_MALFORMED
+    assert caught.value.code == Code.SECRET_MALFORMED
     assert "32" in caught.value.detail
 
 
@@ -339,7 +332,7 @@ def test_read_jwk_refuses_what_cannot_sign(root: Path, mutate: Any, reason: str)
     put_secret(root, "client.jwk", json.dumps(mutate(es256_jwk())).encode())
     with pytest.raises(SecretError) as caught:
         resolver(root).read_jwk("secret:file/client.jwk")
-    assert caught.value.code == SECRET_MALFORMED
+    assert caught.value.code == Code.SECRET_MALFORMED
     assert reason in caught.value.detail
 
 
@@ -374,10 +367,10 @@ def test_environment_refusals() -> None:
     disabled = resolver(None, environment=False, environ=environ)
     enabled = resolver(None, environment=True, environ=environ)
     cases: list[tuple[Callable[[], object], str, str]] = [
-        (lambda: disabled.read_text("secret:env/NOT_B64"), SECRET_UNREADABLE, "environment"),
-        (lambda: enabled.read_text("secret:env/UNSET"), SECRET_UNREADABLE, "not set"),
-        (lambda: enabled.read_key("secret:env/NOT_B64"), SECRET_MALFORMED, "base64"),
-        (lambda: enabled.read_key("secret:env/SHORT_KEY"), SECRET_MALFORMED, "32"),
+        (lambda: disabled.read_text("secret:env/NOT_B64"), Code.SECRET_UNREADABLE, "environment"),
+        (lambda: enabled.read_text("secret:env/UNSET"), Code.SECRET_UNREADABLE, "not set"),
+        (lambda: enabled.read_key("secret:env/NOT_B64"), Code.SECRET_MALFORMED, "base64"),
+        (lambda: enabled.read_key("secret:env/SHORT_KEY"), Code.SECRET_MALFORMED, "32"),
     ]
     for attempt, code, reason in cases:
         with pytest.raises(SecretError) as caught:

@@ -44,7 +44,13 @@ class Stack:
     stand_in: MessagingStandIn
     client: httpx.AsyncClient
 
-    def token(self, scope: str = "messages:send receipts:read", **overrides: Any) -> str:
+    def token(
+        self,
+        scope: str = "messages:send receipts:read",
+        signer: IssuerState | None = None,
+        **overrides: Any,
+    ) -> str:
+        """A token for the notices client, signed by the stack's issuer unless ``signer``."""
         fields: dict[str, Any] = {
             "client_id": CLIENT,
             "subject": CLIENT,
@@ -54,7 +60,7 @@ class Stack:
             "now": self.clock(),
         }
         fields.update(overrides)
-        return self.issuer.state.mint(**fields)
+        return (signer or self.issuer.state).mint(**fields)
 
     def headers(self, key: str | None = "key-1", token: str | None = None) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {token or self.token()}"}
@@ -174,13 +180,7 @@ async def test_token_signed_by_another_key_is_refused(stack: Stack, tmp_path: Pa
     forged_state = IssuerState(
         other.folder, ISSUER_URL, {**other.signing_jwk, "kid": stack.issuer.state.kid}
     )
-    token = forged_state.mint(
-        client_id=CLIENT,
-        subject=CLIENT,
-        audience=MESSAGING_URL,
-        scope="messages:send",
-        now=stack.clock(),
-    )
+    token = stack.token("messages:send", signer=forged_state)
     assert_problem(await stack.send(token=token), 401, "authentication.refused")
 
 
@@ -199,13 +199,7 @@ async def test_token_that_is_not_an_access_token_is_refused(stack: Stack) -> Non
 async def test_token_from_another_issuer_is_refused(stack: Stack) -> None:
     state = stack.issuer.state
     impostor = IssuerState(state.folder, "http://impostor.test", state.signing_jwk)
-    token = impostor.mint(
-        client_id=CLIENT,
-        subject=CLIENT,
-        audience=MESSAGING_URL,
-        scope="messages:send",
-        now=stack.clock(),
-    )
+    token = stack.token("messages:send", signer=impostor)
     assert_problem(await stack.send(token=token), 401, "authentication.refused")
 
 

@@ -105,35 +105,10 @@ async def test_casework_decide_command_line(
             casework.main, ["list", "--url", base_url, "--project", "reviews"]
         )
         listing: dict[str, Any] = json.loads(capsys.readouterr().out)
-        code = await asyncio.to_thread(
-            casework.main,
-            [
-                "decide",
-                "--url",
-                base_url,
-                "--project",
-                "reviews",
-                "--review-id",
-                review_id,
-                "--outcome",
-                "rejected",
-            ],
-        )
+        decide = ["decide", "--url", base_url, "--project", "reviews", "--review-id", review_id]
+        code = await asyncio.to_thread(casework.main, [*decide, "--outcome", "rejected"])
         decided = json.loads(capsys.readouterr().out)
-        again = await asyncio.to_thread(
-            casework.main,
-            [
-                "decide",
-                "--url",
-                base_url,
-                "--project",
-                "reviews",
-                "--review-id",
-                review_id,
-                "--outcome",
-                "approved",
-            ],
-        )
+        again = await asyncio.to_thread(casework.main, [*decide, "--outcome", "approved"])
         read = await client.get(
             f"/v1/projects/reviews/review-requests/{review_id}",
             headers={"Authorization": f"Bearer {token('review-requests:read')}"},

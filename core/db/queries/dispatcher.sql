@@ -323,10 +323,6 @@ SELECT $1, $2, $3, $4, 'ready', {{ns}}.now()
  WHERE EXISTS (SELECT 1 FROM {{ns}}.run WHERE id = $1 AND ended_at IS NULL)
 RETURNING due_at;
 
--- name: dispatcher_now
--- The namespace's clock (the fake one in tests).
-SELECT {{ns}}.now() AS now;
-
 -- name: dispatcher_run_progress
 -- Run $1 (text) is live in state $2 (running or waiting); an ended run stays as it is.
 UPDATE {{ns}}.run

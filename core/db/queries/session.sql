@@ -1,0 +1,20 @@
+-- The connection's own session: which PostgreSQL serves it, who logged in, whom it acts as,
+-- and the component role it acts as. None of these touches the namespace.
+
+-- name: server_version_num
+-- The server's version as a number (170010 for 17.10).
+SELECT current_setting('server_version_num')::integer;
+
+-- name: session_user_name
+-- The role the connection logged in as (SET ROLE does not change it).
+SELECT session_user::text;
+
+-- name: current_user_name
+-- The role the connection acts as now.
+SELECT current_user::text;
+
+-- name: role_set
+-- Act as role $1 (text) for the rest of the session, as SET ROLE does (the same check that
+-- the login role may act as it, the same errors), with the name as a parameter. A
+-- connection pool's reset on release keeps it.
+SELECT set_config('role', $1, false);

@@ -1,0 +1,274 @@
+"""The step-locked transaction of one claimed step: every write a step executor makes.
+
+:meth:`dispatcher.settle.Settler.locked` opens it once the step row (and its run's) is
+locked under this dispatcher's lease. :class:`Tx` records the outcome — kept payloads, the
+step's end, the run's new state and the next step made due — so that a crash leaves either
+all of it or none of it (CONTRACT §9.3: an outcome is committed before the next step is
+due). Executors write only through its methods, never with statements of their own.
+
+A step abandoned by a cancel (``Tx.abandoned``: the run is cancelling and the step comes
+before its onCancel path, or there is no such path) still gets its own outcome — an
+accepted effect is kept, a refusal or an uncertain answer recorded — but :class:`Tx` never
+makes another step due after it and never schedules it again: a retry or a wait ends it
+``cancelled``. When the cancel has no onCancel path and the run is left with no live step,
+the same transaction ends the run ``cancelled``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from core.crypto import Keyring
+from core.payloads import seal_json
+from core.runtime import Store
+from core.workflow.model import Workflow, step_kind
+from dispatcher.claim import Claimed
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run failed (CONTRACT §8.3): kind, and a JSON pointer where one applies."""
+
+    kind: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A command committed as prepared, about to be sent."""
+
+    attempts: int
+    first_of_run: bool
+    since_admission: float
+
+
+class Tx:
+    """The open, step-locked transaction of one claimed step held by ``owner``."""
+
+    def __init__(
+        self,
+        conn: asyncpg.Connection,
+        store: Store,
+        keyring: Keyring,
+        owner: str,
+        claimed: Claimed,
+        row: Mapping[str, Any],
+    ) -> None:
+        self._conn = conn
+        self._queries = store.queries
+        self._namespace = store.runtime.config.namespace
+        self._keyring = keyring
+        self._owner = owner
+        self.claimed = claimed
+        self.now: datetime = row["now"]
+        self.seq = int(row["seq"])
+        self.state = str(row["state"])
+        self.deadline_at: datetime | None = row["deadline_at"]
+        self.timeout_at: datetime | None = row["timeout_at"]
+        self.cancelling = bool(row["cancelling"])
+        self.cancel_seq: int | None = row["cancel_seq"]
+        self.abandoned = bool(row["abandoned"])
+        """A cancel abandoned this step: record its outcome, continue nowhere."""
+        self.execution_held = bool(row["execution_hold"])
+        self.run_ended = bool(row["run_ended"])
+
+    @property
+    def _run_id(self) -> str:
+        return self.claimed.run_id
+
+    @property
+    def _step_id(self) -> str:
+        return self.claimed.step_id
+
+    async def keep(self, purpose: str, value: Any) -> int:
+        """Seal and store a payload of this step; answers its id."""
+        sealed = seal_json(self._keyring, self._namespace, self._run_id, purpose, value)
+        payload_id = await self._conn.fetchval(
+            self._queries["dispatcher_payload_insert"],
+            self._run_id,
+            self._step_id,
+            purpose,
+            sealed.key_version,
+            sealed.nonce,
+            sealed.ciphertext,
+        )
+        return int(payload_id)
+
+    # ------------------------------------------------------------------ every step
+
+    async def end_step(self, state: str, effect: str | None = None) -> None:
+        """End this step in ``state`` (completed, refused, failed, cancelled)."""
+        await self._conn.execute(
+            self._queries["dispatcher_step_end"], self._run_id, self._step_id, state, effect
+        )
+        await self._after_abandoned()
+
+    async def cancel(self) -> None:
+        """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
+        await self.end_step("cancelled")
+
+    async def _after_abandoned(self) -> None:
+        """End a run cancelled without an onCancel path once no step of it is live."""
+        if not self.abandoned or self.cancel_seq is not None or self.run_ended:
+            return
+        live = await self._conn.fetchval(
+            self._queries["dispatcher_run_live_steps"], self._run_id, self._step_id
+        )
+        if live:
+            return
+        await self._conn.fetchrow(
+            self._queries["dispatcher_run_end"], self._run_id, "cancelled", None, None, None, None
+        )
+        self.run_ended = True
+
+    async def next_step(self, workflow: Workflow, step_id: str) -> None:
+        """Make ``step_id`` the run's next step, due now, and the run running."""
+        if self.run_ended or self.abandoned:
+            # An ended run goes nowhere; a cancelled one continues, if at all, on its
+            # onCancel path, which recovery already made due.
+            return
+        kind = step_kind(workflow.step(step_id))
+        await self._conn.fetchrow(
+            self._queries["dispatcher_step_insert"], self._run_id, step_id, self.seq + 1, kind
+        )
+        await self._run_progress("running")
+
+    async def advance(
+        self,
+        workflow: Workflow,
+        next_step: str,
+        *,
+        state: str = "completed",
+        effect: str | None = None,
+    ) -> None:
+        """End this step and continue at ``next_step``."""
+        await self.end_step(state, effect)
+        await self.next_step(workflow, next_step)
+
+    async def end_run(
+        self,
+        *,
+        step_state: str,
+        run_state: str,
+        effect: str | None = None,
+        outcome: str | None = None,
+        failure: Failure | None = None,
+    ) -> None:
+        """End this step and the run (succeeded with ``outcome`` or failed with ``failure``).
+
+        An abandoned step ends alone: its run ends on its onCancel path, or — without one —
+        cancelled once nothing else of it is live.
+        """
+        await self.end_step(step_state, effect)
+        if self.abandoned:
+            return
+        await self._conn.fetchrow(
+            self._queries["dispatcher_run_end"],
+            self._run_id,
+            run_state,
+            outcome,
+            None if failure is None else failure.kind,
+            None if failure is None else failure.path,
+            None if failure is None else self._step_id,
+        )
+
+    async def retry(self, delay: float) -> bool:
+        """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
+
+        An abandoned step is never tried again: it ends cancelled (True: nothing more to do).
+        """
+        if self.abandoned:
+            await self.cancel()
+            return True
+        if self.deadline_at is not None and (self.deadline_at - self.now).total_seconds() <= delay:
+            return False
+        await self._conn.fetchrow(
+            self._queries["dispatcher_step_retry"], self._run_id, self._step_id, delay
+        )
+        return True
+
+    async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:
+        """The step waits until ``due_at`` (or an outside event); the run is waiting.
+
+        An abandoned step does not wait for anything: it ends cancelled.
+        """
+        if self.abandoned:
+            await self.cancel()
+            return
+        await self._conn.execute(
+            self._queries["dispatcher_step_wait"], self._run_id, self._step_id, due_at, timeout_at
+        )
+        await self._run_progress("waiting")
+
+    async def _run_progress(self, state: str) -> None:
+        await self._conn.execute(self._queries["dispatcher_run_progress"], self._run_id, state)
+
+    # ------------------------------------------------------------------------ call
+
+    async def prepare_command(
+        self, payload_id: int, command_key: str, deadline_seconds: int
+    ) -> Prepared | None:
+        """Commit the stored command ``payload_id`` and its key as prepared, counting the
+        attempt; ``None`` (nothing written) when the lease, the hold epoch, the execution
+        hold or a cancel forbids it."""
+        row = await self._conn.fetchrow(
+            self._queries["dispatcher_command_prepare"],
+            self._run_id,
+            self._step_id,
+            self._owner,
+            payload_id,
+            command_key,
+            deadline_seconds,
+        )
+        if row is None:
+            return None
+        return Prepared(
+            attempts=int(row["attempts"]),
+            first_of_run=bool(row["first_of_run"]),
+            since_admission=float(row["since_admission"] or 0.0),
+        )
+
+    async def uncertain(self) -> None:
+        """The command may have been processed: the step waits for an operator, run held."""
+        await self._conn.execute(
+            self._queries["dispatcher_step_uncertain"], self._run_id, self._step_id
+        )
+        await self._conn.execute(self._queries["dispatcher_run_hold"], self._run_id)
+        # The run keeps its attention (the step stays unknown), even once it is cancelled.
+        await self._after_abandoned()
+
+    # -------------------------------------------------------------------- wait-for
+
+    async def plan_check(self, match: bytes, timeout_at: datetime | None, delay: float) -> None:
+        """Before a read: the step waits, found by the digest ``match``, times out at
+        ``timeout_at`` (kept when one is set already) and is checked again ``delay``
+        seconds from now (``waits_plan_check``)."""
+        await self._conn.fetchrow(
+            self._queries["waits_plan_check"],
+            self._run_id,
+            self._step_id,
+            match,
+            timeout_at,
+            delay,
+        )
+
+    async def mark_run_waiting(self) -> None:
+        """The run is waiting (a step has just started waiting for a result)."""
+        await self._run_progress("waiting")
+
+    async def count_last_check(self) -> None:
+        """Count the read that ends the wait; no further check is planned."""
+        await self._conn.execute(self._queries["waits_last_check"], self._run_id, self._step_id)
+
+    async def schedule_check(self) -> None:
+        """Count a read that ended nothing; due at the planned check or the timeout, unleased."""
+        await self._conn.fetchrow(self._queries["waits_schedule"], self._run_id, self._step_id)
+
+    async def set_attention(self, attention: bool) -> None:
+        """Set the waiting run's attention (``waits_run_attention`` says when it sticks)."""
+        await self._conn.fetchrow(self._queries["waits_run_attention"], self._run_id, attention)
