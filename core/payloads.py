@@ -86,3 +86,19 @@ async def transaction(store: Store) -> AsyncIterator[asyncpg.Connection]:
     async with store.connection() as conn, conn.transaction():
         await clock.apply_to(conn)
         yield conn
+
+
+@contextlib.asynccontextmanager
+async def statement(store: Store) -> AsyncIterator[asyncpg.Connection]:
+    """One pooled connection for exactly one statement.
+
+    PostgreSQL runs a lone statement as its own transaction, so this saves the ``BEGIN`` and
+    ``COMMIT`` round trips of :func:`transaction`. Under the test clock it still opens one:
+    the fake ``now()`` is set for the current transaction only.
+    """
+    if clock.enabled():
+        async with transaction(store) as conn:
+            yield conn
+    else:
+        async with store.connection() as conn:
+            yield conn

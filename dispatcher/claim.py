@@ -20,7 +20,7 @@ from typing import Any
 
 from core import clock
 from core.errors import CoordinatorError
-from core.payloads import transaction
+from core.payloads import statement
 from core.runtime import Store
 from dispatcher.settings import DispatchSettings
 
@@ -104,7 +104,7 @@ class Claimer:
         """Lease up to ``limit`` due steps to this dispatcher."""
         if limit <= 0:
             return []
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             rows = await conn.fetch(
                 self.store.queries["dispatcher_claim"],
                 self.owner,
@@ -115,7 +115,7 @@ class Claimer:
 
     async def sweep(self) -> Sweep:
         """Release expired leases; a prepared step among them becomes uncertain."""
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             row = await conn.fetchrow(
                 self.store.queries["dispatcher_expire_leases"], self.settings.sweep_limit
             )
@@ -129,7 +129,7 @@ class Claimer:
 
     async def next_wake(self) -> Wake:
         """The next due instant and lease expiry, relative to the database's clock."""
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             row = await conn.fetchrow(self.store.queries["dispatcher_next_wake"])
         return Wake(row["due_in"], row["lease_in"], bool(row["execution_hold"]))
 

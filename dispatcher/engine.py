@@ -254,10 +254,15 @@ class Dispatcher:
                 self.progress.notify_all()
 
     async def _run_step(self, claimed: Claimed, flight: Flight) -> None:
+        inputs: call.CallInputs | None = None
         async with transaction(self.store) as conn:
             run = await load_run(
                 conn, self.store, self.settler.keyring, self.workflows, claimed.run_id
             )
+            if run is not None and claimed.step_type == "call":
+                read = run.workflow.step(claimed.step_id)
+                if isinstance(read, CallStep):
+                    inputs = await call.read_inputs(conn, self.env, claimed, run, read)
         if run is None:
             await self.settler.release(claimed)
             return
@@ -269,7 +274,7 @@ class Dispatcher:
         step = run.workflow.step(claimed.step_id)
         env = self.env
         if isinstance(step, CallStep):
-            await call.execute(env, claimed, run, step, flight)
+            await call.execute(env, claimed, run, step, flight, inputs)
         elif isinstance(step, ChooseStep):
             await choose.execute(env, claimed, run, step, flight)
         elif isinstance(step, WaitUntilStep):

@@ -23,7 +23,7 @@ import asyncpg
 from core.codes import Code
 from core.crypto import Keyring
 from core.errors import CoordinatorError
-from core.payloads import transaction
+from core.payloads import statement, transaction
 from core.runtime import Store
 from dispatcher.claim import Claimed
 from dispatcher.tx import Prepared, Tx
@@ -159,7 +159,7 @@ class Settler:
 
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             await conn.fetchrow(
                 self.store.queries["dispatcher_step_unprepare"],
                 claimed.run_id,
@@ -173,7 +173,7 @@ class Settler:
 
         Answers the step's state afterwards, or ``None`` if the lease was not ours anymore.
         """
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             state = await conn.fetchval(
                 self.store.queries["dispatcher_step_release"],
                 claimed.run_id,
@@ -185,7 +185,7 @@ class Settler:
 
     async def renew(self, claimed: Claimed, seconds: float) -> bool:
         """Extend the lease; False when it is no longer ours."""
-        async with transaction(self.store) as conn:
+        async with statement(self.store) as conn:
             renewed = await conn.fetchval(
                 self.store.queries["dispatcher_lease_renew"],
                 claimed.run_id,

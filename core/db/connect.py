@@ -228,14 +228,25 @@ async def create_pool(
     label: str = "database URL",
 ) -> asyncpg.Pool:
     """A pool of verified TLS connections; with ``setup_role`` each new connection acts as
-    that role (``SET ROLE``) once (the pool's reset on release keeps the role)."""
+    that role (``SET ROLE``) once, for its life (a release resets nothing of the session)."""
     kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
     if setup_role is not None:
         kwargs["init"] = _role_setter(setup_role)
     pool: asyncpg.Pool = await asyncpg.create_pool(
-        min_size=min_size, max_size=max_size, connect=_open, **kwargs
+        min_size=min_size, max_size=max_size, connect=_open, reset=_keep_session, **kwargs
     )
     return pool
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """What a released connection needs beyond asyncpg's own clean-up: nothing.
+
+    asyncpg always rolls back a transaction left open and drops listener callbacks; its
+    default reset query (unlock advisory locks, close cursors, UNLISTEN, RESET ALL) would be
+    one more round trip on every release for state this code never leaves behind: locks are
+    transaction-scoped, no cursor outlives its transaction, the listener unlistens itself,
+    and the only session setting is the component role, which must stay.
+    """
 
 
 def _role_setter(role: str) -> Callable[[asyncpg.Connection], Awaitable[None]]:

@@ -33,7 +33,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
+
+import asyncpg
 
 from core.bindings import Binding
 from core.codes import Code
@@ -69,18 +72,32 @@ async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
     await env.settler.settle(claimed, fail)
 
 
-async def _read_inputs(
-    env: StepEnv, claimed: Claimed, run: RunView, step: CallStep
-) -> tuple[Any, Binding | None]:
-    """The stored command of an earlier attempt (or None) and the run's binding."""
-    async with transaction(env.store) as conn:
+@dataclass(frozen=True)
+class CallInputs:
+    """What a call reads before it acts: the stored command of an earlier attempt (or
+    None) and the run's binding for the connection — or the refusal reading them met,
+    raised only where the call first needs them."""
+
+    command: Any = None
+    binding: Binding | None = None
+    error: CoordinatorError | None = None
+
+
+async def read_inputs(
+    conn: asyncpg.Connection, env: StepEnv, claimed: Claimed, run: RunView, step: CallStep
+) -> CallInputs:
+    """Read a call's inputs on ``conn``; the engine does it in the transaction that loads
+    the run, so a call step costs no read transaction of its own."""
+    try:
         command: Any = None
         if claimed.command_payload_id is not None:
             command = await read_command(
                 conn, env.store, env.keyring, run.id, claimed.command_payload_id
             )
         binding = await read_binding(conn, env.store, run.id, step.connection)
-    return command, binding
+    except CoordinatorError as exc:
+        return CallInputs(error=exc)
+    return CallInputs(command, binding)
 
 
 async def _send(
@@ -103,7 +120,12 @@ async def _send(
 
 
 async def execute(
-    env: StepEnv, claimed: Claimed, run: RunView, step: CallStep, flight: Flight
+    env: StepEnv,
+    claimed: Claimed,
+    run: RunView,
+    step: CallStep,
+    flight: Flight,
+    inputs: CallInputs | None = None,
 ) -> None:
     """Work on a claimed call step; see the module docstring for the order of things."""
     if claimed.state == "prepared":
@@ -121,7 +143,12 @@ async def execute(
     connection_type = run.workflow.connections[step.connection]
     adapter = adapter_for(connection_type)
     op = adapter.operation(step.operation)
-    stored, binding = await _read_inputs(env, claimed, run, step)
+    if inputs is None:
+        async with transaction(env.store) as conn:
+            inputs = await read_inputs(conn, env, claimed, run, step)
+    if inputs.error is not None:
+        raise inputs.error
+    stored, binding = inputs.command, inputs.binding
     if binding is None:
         raise CoordinatorError(
             Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
