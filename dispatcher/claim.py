@@ -82,11 +82,16 @@ class Wake:
     lease_in: float | None
     execution_hold: bool
 
-    def delay(self, cap: float) -> float:
-        """Seconds to sleep (unless notified): until the next due step or lease expiry."""
+    def delay(self, cap: float, sweep_in: float = 0.0) -> float:
+        """Seconds to sleep (unless notified): until the next due step or lease expiry.
+
+        Only a sweep acts on an expired lease, so an expiry wakes the loop no sooner than
+        ``sweep_in``, when the next sweep is allowed.
+        """
         if self.execution_hold:
             return cap
-        candidates = [s for s in (self.due_in, self.lease_in) if s is not None]
+        lease_in = None if self.lease_in is None else max(self.lease_in, sweep_in)
+        candidates = [s for s in (self.due_in, lease_in) if s is not None]
         if not candidates:
             return cap
         return min(cap, max(BUSY_FLOOR_SECONDS, min(candidates)))

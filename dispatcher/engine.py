@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable
 
@@ -31,7 +32,6 @@ import httpx
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
-from core.payloads import transaction
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
@@ -39,7 +39,7 @@ from core.workflow.stored import WorkflowCache
 from dispatcher.claim import Claimed, Claimer, Listener
 from dispatcher.crash_points import CrashPoints, NoCrash
 from dispatcher.metrics import DispatchMetrics
-from dispatcher.run_view import load_run
+from dispatcher.run_view import load_claimed
 from dispatcher.settings import DispatchSettings
 from dispatcher.settle import Settler
 from dispatcher.steps import call, choose, finish, wait_for, wait_until
@@ -84,6 +84,7 @@ class Dispatcher:
         owner: str | None = None,
         jitter: Callable[[], float] = random.random,
         crash_points: CrashPoints | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.settings = settings or DispatchSettings()
@@ -115,6 +116,8 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._flights: dict[asyncio.Task[None], Flight] = {}
         self.listener = Listener(store, self._wake.set)
+        self._monotonic = monotonic
+        self._next_sweep = float("-inf")
 
     @classmethod
     def from_store(
@@ -126,6 +129,7 @@ class Dispatcher:
         metrics: DispatchMetrics | None = None,
         owner: str | None = None,
         crash_points: CrashPoints | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> Dispatcher:
         """A dispatcher for the store's runtime file: its keys and connections."""
         runtime = store.runtime
@@ -140,6 +144,7 @@ class Dispatcher:
             metrics=metrics,
             owner=owner,
             crash_points=crash_points,
+            monotonic=monotonic,
         )
 
     @property
@@ -169,10 +174,13 @@ class Dispatcher:
             await self._stop_flights()
 
     async def _look(self) -> float:
-        """One round: sweep, claim, start tasks. Answers how long to sleep if not woken."""
+        """One round: sweep (at most once per ``sweep_interval_seconds``), claim, start
+        tasks. Answers how long to sleep if not woken."""
         self._wake.clear()
         try:
-            await self.claimer.sweep()
+            if self._monotonic() >= self._next_sweep:
+                await self.claimer.sweep()
+                self._next_sweep = self._monotonic() + self.settings.sweep_interval_seconds
             free = self.settings.concurrency - len(self._flights)
             claimed = await self.claimer.claim(free)
             for step in claimed:
@@ -182,7 +190,8 @@ class Dispatcher:
             if free <= len(claimed):
                 return self.claimer.idle_cap()  # full: a finishing task wakes the loop
             wake = await self.claimer.next_wake()
-            return wake.delay(self.claimer.idle_cap())
+            sweep_in = max(0.0, self._next_sweep - self._monotonic())
+            return wake.delay(self.claimer.idle_cap(), sweep_in)
         except CoordinatorError as exc:
             if exc.code != Code.SERVICE_UNAVAILABLE:
                 raise
@@ -254,18 +263,21 @@ class Dispatcher:
                 self.progress.notify_all()
 
     async def _run_step(self, claimed: Claimed, flight: Flight) -> None:
-        inputs: call.CallInputs | None = None
-        async with transaction(self.store) as conn:
-            run = await load_run(
-                conn, self.store, self.settler.keyring, self.workflows, claimed.run_id
+        # One statement reads the run and what a call of it needs; no transaction is
+        # needed for it (nor for the package read on a cache miss, which never changes).
+        async with self.store.connection() as conn:
+            loaded = await load_claimed(
+                conn,
+                self.store,
+                self.settler.keyring,
+                self.workflows,
+                claimed.run_id,
+                claimed.command_payload_id,
             )
-            if run is not None and claimed.step_type == "call":
-                read = run.workflow.step(claimed.step_id)
-                if isinstance(read, CallStep):
-                    inputs = await call.read_inputs(conn, self.env, claimed, run, read)
-        if run is None:
+        if loaded is None:
             await self.settler.release(claimed)
             return
+        run = loaded.run
         if run.abandons(claimed.seq) and claimed.state != "prepared":
             # (A prepared command may have left: the call executor makes it uncertain.)
             settled, cancelled = await self.settler.settle(claimed, _cancel_abandoned)
@@ -274,6 +286,7 @@ class Dispatcher:
         step = run.workflow.step(claimed.step_id)
         env = self.env
         if isinstance(step, CallStep):
+            inputs = call.inputs_from(loaded, env, claimed, step)
             await call.execute(env, claimed, run, step, flight, inputs)
         elif isinstance(step, ChooseStep):
             await choose.execute(env, claimed, run, step, flight)

@@ -2,12 +2,14 @@
 values its expressions may read, and the binding and stored command a call or wait needs.
 
 These rows do not change under a leased step (a cancel is the exception, and the step's
-locked transaction decides that: ``Tx.abandoned``), so reading them in a short transaction of
-their own before the step's work is safe.
+locked transaction decides that: ``Tx.abandoned``), so reading them before the step's work,
+in one statement of their own (``dispatcher_run_context``), is safe.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,36 +49,85 @@ class RunView:
         return self.cancelling and (self.cancel_seq is None or seq < self.cancel_seq)
 
 
-async def load_run(
+@dataclass(frozen=True)
+class Loaded:
+    """A claimed step's run with what a call of it reads: the run's bindings and the row of
+    the step's stored command (one ``dispatcher_run_context`` row)."""
+
+    run: RunView
+    bindings: Mapping[str, Binding]
+    """The run's binding of each connection, by connection name."""
+    command_row: Mapping[str, Any] | None
+    """The sealed payload the claim named as the stored command (``None``: none named, or
+    no such payload)."""
+
+    def command(self, keyring: Keyring, namespace: str) -> Any:
+        """The stored command, opened; refused when the payload is missing or not this
+        run's command."""
+        row = self.command_row
+        if row is None or row["run_id"] != self.run.id or row["purpose"] != "command":
+            raise CoordinatorError(
+                Code.STATE_PAYLOAD_UNAUTHENTIC, "the step's command payload is missing"
+            )
+        return open_json(keyring, namespace, self.run.id, "command", row)
+
+
+async def load_claimed(
     conn: asyncpg.Connection,
     store: Store,
     keyring: Keyring,
     workflows: WorkflowCache,
     run_id: str,
-) -> RunView | None:
-    """The run ``run_id`` with its definition and decrypted scope; ``None`` when it ended."""
+    command_payload_id: int | None,
+) -> Loaded | None:
+    """Run ``run_id`` with its definition, decrypted scope, bindings and the stored command
+    row, read in one statement; ``None`` when the run ended."""
     queries = store.queries
     namespace = store.runtime.config.namespace
-    row = await conn.fetchrow(queries["dispatcher_run_read"], run_id)
+    row = await conn.fetchrow(queries["dispatcher_run_context"], run_id, command_payload_id)
     if row is None or row["ended"]:
         return None
     workflow = await workflows.get(conn, queries, str(row["package_digest"]))
     created_at: datetime = row["created_at"]
-    scope = build_scope(
-        keyring,
-        namespace,
-        run_id,
-        created_at,
-        await conn.fetch(queries["dispatcher_scope_payloads"], run_id),
-    )
-    return RunView(
+    payloads = [
+        {
+            "step_id": step_id,
+            "purpose": purpose,
+            "key_version": version,
+            "nonce": nonce,
+            "ciphertext": ciphertext,
+        }
+        for step_id, purpose, version, nonce, ciphertext in zip(
+            row["scope_step_ids"] or (),
+            row["scope_purposes"] or (),
+            row["scope_key_versions"] or (),
+            row["scope_nonces"] or (),
+            row["scope_ciphertexts"] or (),
+            strict=True,
+        )
+    ]
+    run = RunView(
         id=run_id,
         workflow=workflow,
         created_at=created_at,
         cancelling=bool(row["cancelling"]),
         cancel_seq=None if row["cancel_seq"] is None else int(row["cancel_seq"]),
-        scope=scope,
+        scope=build_scope(keyring, namespace, run_id, created_at, payloads),
     )
+    bindings = {
+        str(entry["connection"]): Binding.from_row(entry)
+        for entry in json.loads(row["bindings"] or "[]")
+    }
+    command_row = None
+    if row["command_run_id"] is not None:
+        command_row = {
+            "run_id": row["command_run_id"],
+            "purpose": row["command_purpose"],
+            "key_version": row["command_key_version"],
+            "nonce": row["command_nonce"],
+            "ciphertext": row["command_ciphertext"],
+        }
+    return Loaded(run, bindings, command_row)
 
 
 async def read_binding(
@@ -85,15 +136,3 @@ async def read_binding(
     """The binding run ``run_id`` recorded for ``connection``; ``None`` when it has none."""
     row = await conn.fetchrow(store.queries["dispatcher_binding_read"], run_id, connection)
     return None if row is None else Binding.from_row(row)
-
-
-async def read_command(
-    conn: asyncpg.Connection, store: Store, keyring: Keyring, run_id: str, payload_id: int
-) -> Any:
-    """The command an earlier attempt stored as payload ``payload_id``, opened."""
-    row = await conn.fetchrow(store.queries["dispatcher_payload_read"], payload_id)
-    if row is None or row["run_id"] != run_id or row["purpose"] != "command":
-        raise CoordinatorError(
-            Code.STATE_PAYLOAD_UNAUTHENTIC, "the step's command payload is missing"
-        )
-    return open_json(keyring, store.runtime.config.namespace, run_id, "command", row)

@@ -27,3 +27,7 @@ class DispatchSettings:
     """Delay before a step whose execution failed unexpectedly is tried again."""
     sweep_limit: int = 100
     """Expired leases handled per look."""
+    sweep_interval_seconds: float = 1.0
+    """Least time between two looks for expired leases: a lease lasts ``lease_seconds``, so
+    finding an abandoned one up to a second later changes nothing, and a busy dispatcher
+    looks for work many times a second."""

@@ -36,13 +36,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 from core.bindings import Binding
 from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
-from core.payloads import transaction
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
@@ -58,7 +55,7 @@ from dispatcher.classify import (
     retry_delay,
 )
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
-from dispatcher.run_view import RunView, read_binding, read_command
+from dispatcher.run_view import Loaded, RunView
 from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv, access_token
 from dispatcher.tx import Failure, Tx
 
@@ -83,21 +80,16 @@ class CallInputs:
     error: CoordinatorError | None = None
 
 
-async def read_inputs(
-    conn: asyncpg.Connection, env: StepEnv, claimed: Claimed, run: RunView, step: CallStep
-) -> CallInputs:
-    """Read a call's inputs on ``conn``; the engine does it in the transaction that loads
-    the run, so a call step costs no read transaction of its own."""
+def inputs_from(loaded: Loaded, env: StepEnv, claimed: Claimed, step: CallStep) -> CallInputs:
+    """A call's inputs from what the engine loaded with the run, so a call step costs no
+    read of its own."""
     try:
         command: Any = None
         if claimed.command_payload_id is not None:
-            command = await read_command(
-                conn, env.store, env.keyring, run.id, claimed.command_payload_id
-            )
-        binding = await read_binding(conn, env.store, run.id, step.connection)
+            command = loaded.command(env.keyring, env.store.runtime.config.namespace)
     except CoordinatorError as exc:
         return CallInputs(error=exc)
-    return CallInputs(command, binding)
+    return CallInputs(command, loaded.bindings.get(step.connection))
 
 
 async def _send(
@@ -125,7 +117,7 @@ async def execute(
     run: RunView,
     step: CallStep,
     flight: Flight,
-    inputs: CallInputs | None = None,
+    inputs: CallInputs,
 ) -> None:
     """Work on a claimed call step; see the module docstring for the order of things."""
     if claimed.state == "prepared":
@@ -143,9 +135,6 @@ async def execute(
     connection_type = run.workflow.connections[step.connection]
     adapter = adapter_for(connection_type)
     op = adapter.operation(step.operation)
-    if inputs is None:
-        async with transaction(env.store) as conn:
-            inputs = await read_inputs(conn, env, claimed, run, step)
     if inputs.error is not None:
         raise inputs.error
     stored, binding = inputs.command, inputs.binding

@@ -330,3 +330,25 @@ async def test_a_second_401_is_a_refusal(kit: DispatchKit) -> None:
     await dispatcher.drain()
     assert (await kit.run(run_id))["failure_kind"] == "refused"
     assert len(product.requests) == 2
+
+
+async def test_a_stored_command_that_is_not_the_runs_command_is_never_sent(
+    kit: DispatchKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id = await kit.start("notice", {"applicantRef": "applicant-31"})
+    # The step names the run's input as its stored command: read with the run, refused.
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step s SET command_payload_id = p.id "
+        f"FROM {kit.ns}.payload p "
+        "WHERE s.run_id = $1 AND s.step_id = 'send' AND p.run_id = $1 AND p.purpose = 'input'",
+        run_id,
+    )
+    dispatcher = await kit.dispatcher()
+    assert await dispatcher.run_once() == 1
+
+    assert product_posts(kit) == []
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["attempts"], send["lease_owner"]) == ("ready", 0, None)
+    assert "failed unexpectedly (CoordinatorError: the step's command payload is missing)" in (
+        caplog.text
+    )

@@ -18,8 +18,10 @@ import pytest
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import channel, unix_endpoints
-from core.runtime import Runtime
+from core.runtime import Runtime, Store
 from devstack.postgres import DatabaseHandle
+from dispatcher.claim import Sweep
+from dispatcher.engine import Dispatcher
 from dispatcher.service import DispatcherService, serve
 from dispatcher.settings import DispatchSettings
 from tests.helpers.base_kit import ISSUER
@@ -267,3 +269,26 @@ async def test_a_hold_placed_while_a_step_is_claimed_keeps_its_command_from_leav
         None,
     )
     assert (await kit.stats())["received"] == {}
+
+
+async def test_expired_leases_are_looked_for_at_most_once_per_sweep_interval(
+    kit: DispatchKit,
+) -> None:
+    store = Store(kit.runtime, "dispatcher")
+    kit.stores.append(store)
+    await store.open()
+    now = [100.0]
+    dispatcher = Dispatcher.from_store(store, kit.http, monotonic=lambda: now[0])
+    sweeps: list[float] = []
+    sweep = dispatcher.claimer.sweep
+
+    async def counted() -> Sweep:
+        sweeps.append(now[0])
+        return await sweep()
+
+    dispatcher.claimer.sweep = counted  # type: ignore[method-assign]
+    for instant in (100.0, 100.4, 100.99, 101.0, 101.5, 102.2):
+        now[0] = instant
+        await dispatcher._look()  # one round of the loop, as run() makes them
+    # The first look sweeps, then one every sweep_interval_seconds (1 s by default).
+    assert sweeps == [100.0, 101.0, 102.2]

@@ -87,3 +87,20 @@ def test_an_idle_dispatcher_sleeps_until_the_next_due_instant_at_most(
     wake: Wake, expected: float
 ) -> None:
     assert wake.delay(5.0) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("wake", "sweep_in", "expected"),
+    [
+        # An expired lease waits for the next sweep that may act on it...
+        (Wake(None, -1.0, False), 0.8, 0.8),
+        (Wake(None, 0.2, False), 0.8, 0.8),
+        # ...but a due step does not, and a later expiry is not moved.
+        (Wake(0.1, -1.0, False), 0.8, 0.1),
+        (Wake(None, 3.0, False), 0.8, 3.0),
+    ],
+)
+def test_a_lease_expiry_wakes_the_loop_no_sooner_than_the_next_sweep(
+    wake: Wake, sweep_in: float, expected: float
+) -> None:
+    assert wake.delay(5.0, sweep_in) == pytest.approx(expected)

@@ -148,27 +148,39 @@ SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.
 -- restore-hold (which raises it) took the lease away.
 SELECT epoch FROM {{ns}}.hold;
 
--- name: dispatcher_run_read
--- The run $1 (text) as the dispatcher needs it: its package, when it was created, and
--- whether (and from which seq on) it is being cancelled.
-SELECT id, workflow_id, package_digest, state, cancelling, cancel_seq, created_at,
-       ended_at IS NOT NULL AS ended
-  FROM {{ns}}.run
- WHERE id = $1;
-
--- name: dispatcher_scope_payloads
--- The sealed values expressions of run $1 (text) can read: its input and the values its
--- steps kept (call outputs and wait results).
-SELECT step_id, purpose, key_version, nonce, ciphertext
-  FROM {{ns}}.payload
- WHERE run_id = $1 AND purpose IN ('input', 'output', 'wait-result')
- ORDER BY id;
-
--- name: dispatcher_payload_read
--- One sealed payload by id $1 (bigint), with the run it belongs to.
-SELECT run_id, step_id, purpose, key_version, nonce, ciphertext
-  FROM {{ns}}.payload
- WHERE id = $1;
+-- name: dispatcher_run_context
+-- Everything executing a claimed step of run $1 (text) reads, in one statement (and so one
+-- snapshot): its package, creation instant and cancel state; the sealed values its
+-- expressions can read (input, call outputs, wait results) as parallel arrays in id order;
+-- every binding of the run as a JSON array of binding rows; and payload $2 (bigint, null
+-- for none), the step's stored command, with the run it belongs to. No row for no run $1.
+SELECT r.package_digest, r.cancelling, r.cancel_seq, r.created_at,
+       r.ended_at IS NOT NULL AS ended,
+       p.step_ids AS scope_step_ids, p.purposes AS scope_purposes,
+       p.key_versions AS scope_key_versions, p.nonces AS scope_nonces,
+       p.ciphertexts AS scope_ciphertexts,
+       (SELECT jsonb_agg(jsonb_build_object(
+                   'connection', b.connection, 'connection_type', b.connection_type,
+                   'base_url', b.base_url, 'client_id', b.client_id, 'issuer', b.issuer,
+                   'scopes', b.scopes, 'audience', b.audience, 'profile', b.profile,
+                   'producer', b.producer))
+          FROM {{ns}}.binding b
+         WHERE b.run_id = r.id)::text AS bindings,
+       c.run_id AS command_run_id, c.purpose AS command_purpose,
+       c.key_version AS command_key_version, c.nonce AS command_nonce,
+       c.ciphertext AS command_ciphertext
+  FROM {{ns}}.run r
+  LEFT JOIN LATERAL (
+      SELECT array_agg(x.step_id ORDER BY x.id) AS step_ids,
+             array_agg(x.purpose ORDER BY x.id) AS purposes,
+             array_agg(x.key_version ORDER BY x.id) AS key_versions,
+             array_agg(x.nonce ORDER BY x.id) AS nonces,
+             array_agg(x.ciphertext ORDER BY x.id) AS ciphertexts
+        FROM {{ns}}.payload x
+       WHERE x.run_id = r.id AND x.purpose IN ('input', 'output', 'wait-result')
+  ) p ON true
+  LEFT JOIN {{ns}}.payload c ON c.id = $2::bigint
+ WHERE r.id = $1;
 
 -- name: dispatcher_payload_insert
 -- Store a sealed payload: $1 run (text), $2 step (text), $3 purpose (text), $4 key version
