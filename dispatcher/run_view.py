@@ -1,5 +1,5 @@
 """A run as its current step sees it, read outside the step's lock: the definition, the
-values its expressions may read, and the binding and stored command a call or wait needs.
+values its expressions may read, its bindings, and the stored command a call needs.
 
 These rows do not change under a leased step (a cancel is the exception, and the step's
 locked transaction decides that: ``Tx.abandoned``), so reading them before the step's work,
@@ -39,6 +39,8 @@ class RunView:
     """The seq the run's onCancel path starts at, while it is being cancelled with one."""
     scope: Scope
     """What expressions can read: input, kept step values, run id and start instant."""
+    bindings: Mapping[str, Binding]
+    """The run's recorded binding of each connection, by connection name."""
 
     def abandons(self, seq: int) -> bool:
         """Whether a cancel abandoned the step numbered ``seq``, as read with the run.
@@ -51,12 +53,10 @@ class RunView:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A claimed step's run with what a call of it reads: the run's bindings and the row of
-    the step's stored command (one ``dispatcher_run_context`` row)."""
+    """A claimed step's run with the row of the step's stored command (one
+    ``dispatcher_run_context`` row)."""
 
     run: RunView
-    bindings: Mapping[str, Binding]
-    """The run's binding of each connection, by connection name."""
     command_row: Mapping[str, Any] | None
     """The sealed payload the claim named as the stored command (``None``: none named, or
     no such payload)."""
@@ -113,11 +113,11 @@ async def load_claimed(
         cancelling=bool(row["cancelling"]),
         cancel_seq=None if row["cancel_seq"] is None else int(row["cancel_seq"]),
         scope=build_scope(keyring, namespace, run_id, created_at, payloads),
+        bindings={
+            str(entry["connection"]): Binding.from_row(entry)
+            for entry in json.loads(row["bindings"] or "[]")
+        },
     )
-    bindings = {
-        str(entry["connection"]): Binding.from_row(entry)
-        for entry in json.loads(row["bindings"] or "[]")
-    }
     command_row = None
     if row["command_run_id"] is not None:
         command_row = {
@@ -127,12 +127,4 @@ async def load_claimed(
             "nonce": row["command_nonce"],
             "ciphertext": row["command_ciphertext"],
         }
-    return Loaded(run, bindings, command_row)
-
-
-async def read_binding(
-    conn: asyncpg.Connection, store: Store, run_id: str, connection: str
-) -> Binding | None:
-    """The binding run ``run_id`` recorded for ``connection``; ``None`` when it has none."""
-    row = await conn.fetchrow(store.queries["dispatcher_binding_read"], run_id, connection)
-    return None if row is None else Binding.from_row(row)
+    return Loaded(run, command_row)

@@ -89,7 +89,7 @@ def inputs_from(loaded: Loaded, env: StepEnv, claimed: Claimed, step: CallStep) 
             command = loaded.command(env.keyring, env.store.runtime.config.namespace)
     except CoordinatorError as exc:
         return CallInputs(error=exc)
-    return CallInputs(command, loaded.bindings.get(step.connection))
+    return CallInputs(command, loaded.run.bindings.get(step.connection))
 
 
 async def _send(

@@ -54,12 +54,11 @@ from core.canonical import parse_json
 from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
-from core.payloads import transaction
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
 from dispatcher.claim import Claimed
-from dispatcher.run_view import RunView, read_binding
+from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv, access_token
 from dispatcher.tx import Failure, Tx
 
@@ -158,8 +157,7 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
         return Failure("mapping-invalid", pointer)
     if not isinstance(identity, str) or not identity:
         return Failure("mapping-invalid", pointer)
-    async with transaction(env.store) as conn:
-        binding = await read_binding(conn, env.store, run.id, step.connection)
+    binding = run.bindings.get(step.connection)
     if binding is None:
         raise CoordinatorError(
             Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"

@@ -189,13 +189,6 @@ INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, cipher
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id;
 
--- name: dispatcher_binding_read
--- The recorded binding of connection $2 (text) for run $1 (text).
-SELECT connection, connection_type, base_url, client_id, issuer, scopes, audience, profile,
-       producer
-  FROM {{ns}}.binding
- WHERE run_id = $1 AND connection = $2;
-
 -- name: dispatcher_command_prepare
 -- Commit the prepared command of call step $2 (text) of run $1 (text), locked by
 -- dispatcher_step_lock and not abandoned, before it is sent: owner $3 (text) must hold the
