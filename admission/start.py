@@ -163,7 +163,7 @@ class Admitter:
         async with self.store.connection() as conn, conn.transaction():
             # Every default timestamp and the first step's due time come from SQL now().
             await clock.apply_to(conn)
-            context = await conn.fetchrow(q["admission_context"])
+            context = await conn.fetchrow(q["admission_lookup"], identity)
             if context is None:
                 raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
             if int(context["activation_serial"]) != activation.serial:
@@ -178,22 +178,23 @@ class Admitter:
             input_errors(workflow, value)
             plaintext = canonical_input(value)
             keyed = input_digest(self._admission_key, plaintext)
-            if await conn.fetchval(q["admission_tombstone"], identity) is not None:
+            if context["erased_run"] is not None:
                 raise CoordinatorError(
                     Code.RUN_PAYLOAD_ERASED,
                     "the run of this idempotency key was erased by retention",
                 )
-            known = await conn.fetchrow(q["admission_identity_read"], identity)
-            if known is not None:
-                if not hmac.compare_digest(known["input_digest"], keyed):
+            if context["known_run"] is not None:
+                if not hmac.compare_digest(context["known_digest"], keyed):
                     raise CoordinatorError(
                         Code.START_CONFLICT,
                         "this idempotency key started a run with a different input",
                     )
-                return await self._answer(conn, known["run_id"], created=False)
+                return await self._answer(conn, context["known_run"], created=False)
             run_id = derive.run_id(self._admission_key, identity)
-            await self._insert(conn, caller, workflow, digest, run_id, identity, keyed, plaintext)
-            return await self._answer(conn, run_id, created=True)
+            row = await self._insert(
+                conn, caller, workflow, digest, run_id, identity, keyed, plaintext
+            )
+            return StartResult(created=True, run_id=run_id, status=RunRecord.from_row(row).status())
 
     async def _insert(
         self,
@@ -205,50 +206,45 @@ class Admitter:
         identity: str,
         keyed_digest: str,
         plaintext: bytes,
-    ) -> None:
-        q = self.store.queries
+    ) -> asyncpg.Record:
+        """Write the run and everything of it in one statement; answers its run row."""
         config = self.runtime.config
-        await conn.execute(
-            q["admission_run_insert"],
+        connections = []
+        for name in sorted(workflow.connections):
+            connection = config.connections.get(name)
+            if connection is None:  # the runtime file check makes this unreachable
+                raise CoordinatorError(Code.DEPLOYMENT_REFUSED, f"connections.{name}: missing")
+            connections.append((name, connection))
+        sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
+        first = workflow.step(workflow.start)
+        row: asyncpg.Record | None = await conn.fetchrow(
+            self.store.queries["admission_run_create"],
             run_id,
             workflow.id,
             digest,
             caller.iss,
             caller.sub,
             caller.client_id or None,
-        )
-        issuer = config.deployment.authentication.issuer
-        for name in sorted(workflow.connections):
-            connection = config.connections.get(name)
-            if connection is None:  # the runtime file check makes this unreachable
-                raise CoordinatorError(Code.DEPLOYMENT_REFUSED, f"connections.{name}: missing")
-            await conn.execute(
-                q["admission_binding_insert"],
-                run_id,
-                name,
-                connection.type,
-                connection.base_url,
-                connection.authorization.client_id,
-                issuer,
-                list(connection.authorization.scopes),
-                connection.token_audience,
-                connection.profile,
-                connection.producer,
-            )
-        sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
-        await conn.execute(
-            q["admission_payload_insert"],
-            run_id,
-            "input",
+            [name for name, _ in connections],
+            [c.type for _, c in connections],
+            [c.base_url for _, c in connections],
+            [c.authorization.client_id for _, c in connections],
+            config.deployment.authentication.issuer,
+            [json.dumps(list(c.authorization.scopes)) for _, c in connections],
+            [c.token_audience for _, c in connections],
+            [c.profile for _, c in connections],
+            [c.producer for _, c in connections],
             sealed.key_version,
             sealed.nonce,
             sealed.ciphertext,
+            identity,
+            keyed_digest,
+            workflow.start,
+            step_kind(first),
         )
-        await conn.execute(q["admission_identity_insert"], identity, run_id, keyed_digest)
-        first = workflow.step(workflow.start)
-        await conn.execute(
-            q["admission_first_step_insert"], run_id, workflow.start, step_kind(first)
-        )
+        if row is None:  # an INSERT ... RETURNING of one row always answers it
+            raise CoordinatorError(Code.INTERNAL, "the new run was not answered")
+        return row
 
     async def _answer(self, conn: asyncpg.Connection, run_id: str, *, created: bool) -> StartResult:
         run: RunRecord | None = await read_run(conn, self.store.queries, run_id)

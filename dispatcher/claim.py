@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core import clock
@@ -47,6 +47,9 @@ class Claimed:
     past_deadline: bool
     lease_epoch: int | None = None
     """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
+    context: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The claim row itself, with what executing the step reads (see ``dispatcher_claim``):
+    the run, its sealed scope, its bindings and the stored command."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Claimed:
@@ -63,6 +66,7 @@ class Claimed:
             command_key=None if row["command_key"] is None else str(row["command_key"]),
             past_deadline=bool(row["past_deadline"]),
             lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
+            context=row,
         )
 
 
@@ -106,7 +110,8 @@ class Claimer:
         self.settings = settings
 
     async def claim(self, limit: int) -> list[Claimed]:
-        """Lease up to ``limit`` due steps to this dispatcher."""
+        """Lease up to ``limit`` due steps to this dispatcher, each with what executing it
+        reads (one statement for the whole batch)."""
         if limit <= 0:
             return []
         async with statement(self.store) as conn:

@@ -263,17 +263,8 @@ class Dispatcher:
                 self.progress.notify_all()
 
     async def _run_step(self, claimed: Claimed, flight: Flight) -> None:
-        # One statement reads the run and what a call of it needs; no transaction is
-        # needed for it (nor for the package read on a cache miss, which never changes).
-        async with self.store.connection() as conn:
-            loaded = await load_claimed(
-                conn,
-                self.store,
-                self.settler.keyring,
-                self.workflows,
-                claimed.run_id,
-                claimed.command_payload_id,
-            )
+        # The claim statement read the run and what a call of it needs: no read here.
+        loaded = await load_claimed(claimed, self.store, self.settler.keyring, self.workflows)
         if loaded is None:
             await self.settler.release(claimed)
             return

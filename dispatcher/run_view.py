@@ -2,8 +2,8 @@
 values its expressions may read, its bindings, and the stored command a call needs.
 
 These rows do not change under a leased step (a cancel is the exception, and the step's
-locked transaction decides that: ``Tx.abandoned``), so reading them before the step's work,
-in one statement of their own (``dispatcher_run_context``), is safe.
+locked transaction decides that: ``Tx.abandoned``), so the claim statement that leases the
+step reads them too (``dispatcher_claim``), and a claimed step costs no read of its own.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from core.bindings import Binding
 from core.codes import Code
 from core.crypto import Keyring
@@ -25,6 +23,7 @@ from core.runtime import Store
 from core.workflow.expr import Scope
 from core.workflow.model import Workflow
 from core.workflow.stored import WorkflowCache
+from dispatcher.claim import Claimed
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,8 @@ class RunView:
 
 @dataclass(frozen=True)
 class Loaded:
-    """A claimed step's run with the row of the step's stored command (one
-    ``dispatcher_run_context`` row)."""
+    """A claimed step's run with the row of the step's stored command (read by the
+    ``dispatcher_claim`` statement that leased the step)."""
 
     run: RunView
     command_row: Mapping[str, Any] | None
@@ -73,21 +72,26 @@ class Loaded:
 
 
 async def load_claimed(
-    conn: asyncpg.Connection,
+    claimed: Claimed,
     store: Store,
     keyring: Keyring,
     workflows: WorkflowCache,
-    run_id: str,
-    command_payload_id: int | None,
 ) -> Loaded | None:
-    """Run ``run_id`` with its definition, decrypted scope, bindings and the stored command
-    row, read in one statement; ``None`` when the run ended."""
-    queries = store.queries
-    namespace = store.runtime.config.namespace
-    row = await conn.fetchrow(queries["dispatcher_run_context"], run_id, command_payload_id)
-    if row is None or row["ended"]:
+    """The run of ``claimed`` with its definition, decrypted scope, bindings and the stored
+    command row, from the claim row; ``None`` when the run ended. The definition is read
+    from the database only the first time its package is seen."""
+    row = claimed.context
+    if row is None:
+        raise CoordinatorError(Code.INTERNAL, "a claimed step came without its claim row")
+    if row["ended"]:
         return None
-    workflow = await workflows.get(conn, queries, str(row["package_digest"]))
+    digest = str(row["package_digest"])
+    workflow = workflows.cached(digest)
+    if workflow is None:
+        async with store.connection() as conn:
+            workflow = await workflows.get(conn, store.queries, digest)
+    run_id = claimed.run_id
+    namespace = store.runtime.config.namespace
     created_at: datetime = row["created_at"]
     payloads = [
         {

@@ -145,10 +145,9 @@ class Settler:
                     return None
                 if tx.execution_held:
                     raise _NotPrepared
-                payload_id = command_payload_id
-                if payload_id is None:
-                    payload_id = await tx.keep("command", command)
-                prepared = await tx.prepare_command(payload_id, command_key, deadline_seconds)
+                prepared = await tx.prepare_command(
+                    command_payload_id, command, command_key, deadline_seconds
+                )
                 if prepared is None:
                     raise _NotPrepared
         except _NotPrepared:

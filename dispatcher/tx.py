@@ -99,6 +99,22 @@ class Tx:
         )
         return int(payload_id)
 
+    async def keep_all(self, values: Mapping[str, Any]) -> None:
+        """Seal and store several payloads of this step (purpose -> value) in one statement."""
+        sealed = [
+            seal_json(self._keyring, self._namespace, self._run_id, purpose, value)
+            for purpose, value in values.items()
+        ]
+        await self._conn.execute(
+            self._queries["dispatcher_payloads_insert"],
+            self._run_id,
+            self._step_id,
+            list(values),
+            [s.key_version for s in sealed],
+            [s.nonce for s in sealed],
+            [s.ciphertext for s in sealed],
+        )
+
     # ------------------------------------------------------------------ every step
 
     async def end_step(self, state: str, effect: str | None = None) -> None:
@@ -147,8 +163,20 @@ class Tx:
         effect: str | None = None,
     ) -> None:
         """End this step and continue at ``next_step``."""
-        await self.end_step(state, effect)
-        await self.next_step(workflow, next_step)
+        if self.run_ended or self.abandoned:
+            await self.end_step(state, effect)
+            return
+        # The common case in one statement: not abandoned, so nothing else to end.
+        await self._conn.execute(
+            self._queries["dispatcher_step_advance"],
+            self._run_id,
+            self._step_id,
+            state,
+            effect,
+            next_step,
+            self.seq + 1,
+            step_kind(workflow.step(next_step)),
+        )
 
     async def end_run(
         self,
@@ -164,17 +192,19 @@ class Tx:
         An abandoned step ends alone: its run ends on its onCancel path, or — without one —
         cancelled once nothing else of it is live.
         """
-        await self.end_step(step_state, effect)
-        if self.abandoned:
+        if self.abandoned or self.run_ended:
+            await self.end_step(step_state, effect)
             return
         await self._conn.fetchrow(
-            self._queries["dispatcher_run_end"],
+            self._queries["dispatcher_step_end_run"],
             self._run_id,
+            self._step_id,
+            step_state,
+            effect,
             run_state,
             outcome,
             None if failure is None else failure.kind,
             None if failure is None else failure.path,
-            None if failure is None else self._step_id,
         )
 
     async def retry(self, delay: float) -> bool:
@@ -211,20 +241,35 @@ class Tx:
     # ------------------------------------------------------------------------ call
 
     async def prepare_command(
-        self, payload_id: int, command_key: str, deadline_seconds: int
+        self, payload_id: int | None, command: Any, command_key: str, deadline_seconds: int
     ) -> Prepared | None:
-        """Commit the stored command ``payload_id`` and its key as prepared, counting the
-        attempt; ``None`` (nothing written) when the lease, the hold epoch, the execution
-        hold or a cancel forbids it."""
-        row = await self._conn.fetchrow(
-            self._queries["dispatcher_command_prepare"],
-            self._run_id,
-            self._step_id,
-            self._owner,
-            payload_id,
-            command_key,
-            deadline_seconds,
-        )
+        """Commit the command and its key as prepared, counting the attempt: the stored
+        command ``payload_id`` of an earlier attempt, or else ``command``, sealed and stored
+        by the same statement. ``None`` when the lease, the hold epoch, the execution hold
+        or a cancel forbids it (the caller rolls back, a newly stored command with it)."""
+        if payload_id is not None:
+            row = await self._conn.fetchrow(
+                self._queries["dispatcher_command_prepare"],
+                self._run_id,
+                self._step_id,
+                self._owner,
+                payload_id,
+                command_key,
+                deadline_seconds,
+            )
+        else:
+            sealed = seal_json(self._keyring, self._namespace, self._run_id, "command", command)
+            row = await self._conn.fetchrow(
+                self._queries["dispatcher_command_seal_prepare"],
+                self._run_id,
+                self._step_id,
+                self._owner,
+                sealed.key_version,
+                sealed.nonce,
+                sealed.ciphertext,
+                command_key,
+                deadline_seconds,
+            )
         if row is None:
             return None
         return Prepared(

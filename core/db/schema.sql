@@ -11,7 +11,10 @@
 -- Time. Every default and every query that asks "what time is it" calls {{ns}}.now(), never
 -- the built-in now(). It answers the setting `coordinator.fake_now` when a session set one,
 -- and the wall clock otherwise, so tests of leases, timers and retention move time instead
--- of sleeping. Production never sets it.
+-- of sleeping. Production never sets it. The wall clock is read as statement_timestamp():
+-- the instant the statement arrived, the same for every row it touches. Being STABLE (as
+-- clock_timestamp() is not), it lets the planner inline the function into each query and
+-- compare it with an index, instead of running it as a function call per row.
 --
 -- Tables, in the order they are created:
 --
@@ -74,7 +77,7 @@ CREATE FUNCTION {{ns}}.now() RETURNS timestamptz
     AS $$
         SELECT coalesce(
             nullif(current_setting('coordinator.fake_now', true), '')::timestamptz,
-            clock_timestamp())
+            statement_timestamp())
     $$;
 
 CREATE TABLE {{ns}}.schema_version (

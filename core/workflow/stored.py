@@ -24,6 +24,10 @@ class WorkflowCache:
         self._parsed: dict[str, Workflow] = {}
         self._lock = asyncio.Lock()
 
+    def cached(self, digest: str) -> Workflow | None:
+        """The definition of ``digest`` if it was read already (no database needed)."""
+        return self._parsed.get(digest)
+
     async def get(self, conn: asyncpg.Connection, queries: Queries, digest: str) -> Workflow:
         """The definition of ``digest``, read from the ``package`` table the first time."""
         found = self._parsed.get(digest)

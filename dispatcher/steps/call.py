@@ -211,9 +211,9 @@ async def _record(
 
     async def accepted(tx: Tx) -> None:
         response = result.response
-        await tx.keep("response", response)
         mapped = map_output(op, step.output, run.scope, response)
         if not mapped.ok:
+            await tx.keep("response", response)
             await tx.end_run(
                 step_state="failed",
                 run_state="failed",
@@ -221,7 +221,7 @@ async def _record(
                 failure=Failure("mapping-invalid", mapped.failure_path),
             )
             return
-        await tx.keep("output", mapped.value)
+        await tx.keep_all({"response": response, "output": mapped.value})
         await tx.advance(run.workflow, step.next, effect="accepted")
 
     async def retryable(tx: Tx) -> None:

@@ -205,6 +205,24 @@ async def explain(db: asyncpg.Connection, sql: str, now: datetime, *args: Any) -
     return plan
 
 
+async def generic_plan(db: asyncpg.Connection, sql: str, arguments: str = "") -> dict[str, Any]:
+    """The generic plan of ``sql``, executed with the literal ``arguments``: the plan the
+    components' pools run, which plan each statement once per connection
+    (``plan_cache_mode``)."""
+    tx = db.transaction()
+    await tx.start()
+    try:
+        await db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await db.execute(f"PREPARE generic_probe AS {sql}")
+        suffix = f"({arguments})" if arguments else ""
+        text = await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE generic_probe{suffix}")
+        await db.execute("DEALLOCATE generic_probe")
+    finally:
+        await tx.rollback()
+    plan: dict[str, Any] = json.loads(text)[0]
+    return plan
+
+
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
@@ -286,7 +304,11 @@ async def test_five_thousand_waiting_runs_cost_no_memory_and_no_work_per_tick(
     assert rss_after - rss_before < RSS_GROWTH_LIMIT_KIB
     # A look reads the same handful of step rows with 5,000 runs waiting as with none.
     assert rows_after / ticks_after <= rows_before / ticks_before + 2
-    for plan in (claim_idle, wake_idle, claim_16_due, claim_all_due):
+    claim_generic = await generic_plan(
+        kit.db, queries["dispatcher_claim"], "'explain-owner', 16, 30.0"
+    )
+    wake_generic = await generic_plan(kit.db, queries["dispatcher_next_wake"])
+    for plan in (claim_idle, wake_idle, claim_16_due, claim_all_due, claim_generic, wake_generic):
         scans = step_scans(plan)
         # Due work is found through the partial index, never by reading the table.
         assert ("Index Scan", "step_due") in [(kind, index) for kind, index, _n in scans], scans

@@ -1,50 +1,60 @@
--- The admission component's statements: everything a start does, in the order it does it.
--- A start runs them in one transaction (admission/start.py), so a run never exists without
--- its bindings, its sealed input, its start identity and its first due step.
+-- The admission component's statements: what a start reads, then everything it writes in
+-- one statement, both in one transaction (admission/start.py), so a run never exists
+-- without its bindings, its sealed input, its start identity and its first due step.
 
--- name: admission_context
--- What a start checks before it writes: the admission hold and the activation serial (a
--- service that started under an older serial may not admit any more).
-SELECT h.admission_hold, d.activation_serial
-  FROM {{ns}}.hold h, {{ns}}.deployment d;
+-- name: admission_lookup
+-- What a start reads before it writes, in one statement: the admission hold and the
+-- activation serial (a service that started under an older serial may not admit any more);
+-- erased_run, the run of start identity $1 (64 hex digits) if retention erased it; and
+-- known_run with known_digest, the run that identity started and the keyed digest of its
+-- input (both null for a new identity).
+SELECT h.admission_hold, d.activation_serial,
+       (SELECT t.run_id FROM {{ns}}.tombstone t
+         WHERE t.kind = 'start-identity' AND t.value = $1) AS erased_run,
+       i.run_id AS known_run, i.input_digest AS known_digest
+  FROM {{ns}}.hold h
+ CROSS JOIN {{ns}}.deployment d
+  LEFT JOIN {{ns}}.start_identity i ON i.identity = $1;
 
--- name: admission_tombstone
--- Whether retention erased the run of start identity $1 (64 hex digits): its run id, or
--- no row.
-SELECT run_id FROM {{ns}}.tombstone WHERE kind = 'start-identity' AND value = $1;
-
--- name: admission_identity_read
--- The run of start identity $1 (64 hex digits) and the keyed digest of the input it was
--- started with; no row for a new identity.
-SELECT run_id, input_digest FROM {{ns}}.start_identity WHERE identity = $1;
-
--- name: admission_run_insert
--- A new run in state running: $1 run id, $2 workflow id, $3 package digest, $4 principal
--- iss, $5 principal sub, $6 client_id (null for event starts). Unique violation on the id
--- when a concurrent start of the same identity committed first.
-INSERT INTO {{ns}}.run (id, workflow_id, package_digest, principal_iss, principal_sub, client_id)
-VALUES ($1, $2, $3, $4, $5, $6);
-
--- name: admission_binding_insert
--- The settings run $1 depends on for connection $2: $3 connection type, $4 base URL,
--- $5 client id, $6 issuer, $7 scopes (text[]), $8 token audience, $9 profile, $10 producer
--- (Casework only, else null).
-INSERT INTO {{ns}}.binding (run_id, connection, connection_type, base_url, client_id, issuer,
-                            scopes, audience, profile, producer)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
-
--- name: admission_payload_insert
--- A sealed run-level payload of run $1: $2 purpose ('input' or 'event'), $3 state key
--- version, $4 nonce (12 bytes), $5 ciphertext with its GCM tag.
-INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
-VALUES ($1, NULL, $2, $3, $4, $5);
-
--- name: admission_identity_insert
--- Record start identity $1 (64 hex digits) of run $2 with its input digest $3 (64 hex).
-INSERT INTO {{ns}}.start_identity (identity, run_id, input_digest) VALUES ($1, $2, $3);
-
--- name: admission_first_step_insert
--- The run's first step, due now: $1 run id, $2 step id, $3 step type. The step_due_notify
--- trigger wakes an idle dispatcher when the transaction commits.
-INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-VALUES ($1, $2, 1, $3, 'ready', {{ns}}.now());
+-- name: admission_run_create
+-- A new run, everything of it in one statement: the run in state running ($1 run id, $2
+-- workflow id, $3 package digest, $4 principal iss, $5 principal sub, $6 client_id, null
+-- for event starts); one binding per connection the workflow uses, as parallel arrays ($7
+-- connection names, $8 connection types, $9 base URLs, $10 client ids, $12 scopes each as
+-- a JSON array text, $13 token audiences, $14 profiles, $15 producers, null outside
+-- Casework; all text[]) under issuer $11 (text); the sealed input ($16 state key version,
+-- $17 nonce, $18 ciphertext with its GCM tag); start identity $19 (64 hex digits) with the
+-- keyed input digest $20 (64 hex); and the first step $21 (text, type $22), due now (the
+-- step_due_notify trigger wakes an idle dispatcher at commit). Answers the run as run_read
+-- does. Unique violation on the run id when a concurrent start of the same identity
+-- committed first.
+WITH created AS (
+    INSERT INTO {{ns}}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
+                            client_id)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    RETURNING *
+), bound AS (
+    INSERT INTO {{ns}}.binding (run_id, connection, connection_type, base_url, client_id,
+                                issuer, scopes, audience, profile, producer)
+    SELECT $1, b.connection, b.connection_type, b.base_url, b.client_id, $11,
+           ARRAY(SELECT jsonb_array_elements_text(b.scopes::jsonb)), b.audience, b.profile,
+           b.producer
+      FROM unnest($7::text[], $8::text[], $9::text[], $10::text[], $12::text[], $13::text[],
+                  $14::text[], $15::text[])
+           AS b(connection, connection_type, base_url, client_id, scopes, audience, profile,
+                producer)
+), sealed AS (
+    INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+    VALUES ($1, NULL, 'input', $16, $17, $18)
+), identified AS (
+    INSERT INTO {{ns}}.start_identity (identity, run_id, input_digest) VALUES ($19, $1, $20)
+), first_step AS (
+    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
+    VALUES ($1, $21, 1, $22, 'ready', {{ns}}.now())
+)
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at
+  FROM created r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest;

@@ -19,6 +19,13 @@
 -- claiming. Claims nothing while the execution hold is set. The lease records the current
 -- hold epoch, answered as lease_epoch so that a settle refused later can tell a restore-hold
 -- from an ordinary lost lease. past_deadline tells a call step retried after its deadline.
+--
+-- Each row also carries everything executing the step reads, from the same snapshot, so a
+-- claimed step costs no read of its own: its run's package, creation instant and cancel
+-- state; the sealed values its expressions can read (input, call outputs, wait results) as
+-- parallel arrays in id order; every binding of the run as a JSON array of binding rows;
+-- and the step's stored command payload, with the run it belongs to. These do not change
+-- under a leased step (a cancel is decided again under the step's lock).
 WITH h AS (
     SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
 ), due AS (
@@ -33,17 +40,48 @@ WITH h AS (
      ORDER BY s.due_at
      LIMIT $2
        FOR UPDATE OF s SKIP LOCKED
+), claimed AS (
+    UPDATE {{ns}}.step s
+       SET lease_owner = $1,
+           lease_expires_at = {{ns}}.now() + make_interval(secs => $3::float8),
+           lease_epoch = (SELECT epoch FROM h),
+           updated_at = {{ns}}.now()
+      FROM due
+     WHERE s.run_id = due.run_id AND s.step_id = due.step_id
+    RETURNING s.run_id, s.step_id, s.seq, s.step_type, s.state, s.attempts,
+              s.command_payload_id, s.command_key, s.lease_epoch, s.due_at,
+              coalesce(s.deadline_at <= {{ns}}.now(), false) AS past_deadline
 )
-UPDATE {{ns}}.step s
-   SET lease_owner = $1,
-       lease_expires_at = {{ns}}.now() + make_interval(secs => $3::float8),
-       lease_epoch = (SELECT epoch FROM h),
-       updated_at = {{ns}}.now()
-  FROM due
- WHERE s.run_id = due.run_id AND s.step_id = due.step_id
-RETURNING s.run_id, s.step_id, s.seq, s.step_type, s.state, s.attempts,
-          s.command_payload_id, s.command_key, s.lease_epoch,
-          coalesce(s.deadline_at <= {{ns}}.now(), false) AS past_deadline;
+SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
+       cl.command_payload_id, cl.command_key, cl.lease_epoch, cl.past_deadline,
+       r.package_digest, r.cancelling, r.cancel_seq, r.created_at,
+       r.ended_at IS NOT NULL AS ended,
+       p.step_ids AS scope_step_ids, p.purposes AS scope_purposes,
+       p.key_versions AS scope_key_versions, p.nonces AS scope_nonces,
+       p.ciphertexts AS scope_ciphertexts,
+       (SELECT jsonb_agg(jsonb_build_object(
+                   'connection', b.connection, 'connection_type', b.connection_type,
+                   'base_url', b.base_url, 'client_id', b.client_id, 'issuer', b.issuer,
+                   'scopes', b.scopes, 'audience', b.audience, 'profile', b.profile,
+                   'producer', b.producer))
+          FROM {{ns}}.binding b
+         WHERE b.run_id = cl.run_id)::text AS bindings,
+       c.run_id AS command_run_id, c.purpose AS command_purpose,
+       c.key_version AS command_key_version, c.nonce AS command_nonce,
+       c.ciphertext AS command_ciphertext
+  FROM claimed cl
+  JOIN {{ns}}.run r ON r.id = cl.run_id
+  LEFT JOIN LATERAL (
+      SELECT array_agg(x.step_id ORDER BY x.id) AS step_ids,
+             array_agg(x.purpose ORDER BY x.id) AS purposes,
+             array_agg(x.key_version ORDER BY x.id) AS key_versions,
+             array_agg(x.nonce ORDER BY x.id) AS nonces,
+             array_agg(x.ciphertext ORDER BY x.id) AS ciphertexts
+        FROM {{ns}}.payload x
+       WHERE x.run_id = cl.run_id AND x.purpose IN ('input', 'output', 'wait-result')
+  ) p ON true
+  LEFT JOIN {{ns}}.payload c ON c.id = cl.command_payload_id
+ ORDER BY cl.due_at;
 
 -- name: dispatcher_expire_leases
 -- Find up to $1 (integer) leases that expired. A step whose command was prepared (and so
@@ -148,46 +186,22 @@ SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.
 -- restore-hold (which raises it) took the lease away.
 SELECT epoch FROM {{ns}}.hold;
 
--- name: dispatcher_run_context
--- Everything executing a claimed step of run $1 (text) reads, in one statement (and so one
--- snapshot): its package, creation instant and cancel state; the sealed values its
--- expressions can read (input, call outputs, wait results) as parallel arrays in id order;
--- every binding of the run as a JSON array of binding rows; and payload $2 (bigint, null
--- for none), the step's stored command, with the run it belongs to. No row for no run $1.
-SELECT r.package_digest, r.cancelling, r.cancel_seq, r.created_at,
-       r.ended_at IS NOT NULL AS ended,
-       p.step_ids AS scope_step_ids, p.purposes AS scope_purposes,
-       p.key_versions AS scope_key_versions, p.nonces AS scope_nonces,
-       p.ciphertexts AS scope_ciphertexts,
-       (SELECT jsonb_agg(jsonb_build_object(
-                   'connection', b.connection, 'connection_type', b.connection_type,
-                   'base_url', b.base_url, 'client_id', b.client_id, 'issuer', b.issuer,
-                   'scopes', b.scopes, 'audience', b.audience, 'profile', b.profile,
-                   'producer', b.producer))
-          FROM {{ns}}.binding b
-         WHERE b.run_id = r.id)::text AS bindings,
-       c.run_id AS command_run_id, c.purpose AS command_purpose,
-       c.key_version AS command_key_version, c.nonce AS command_nonce,
-       c.ciphertext AS command_ciphertext
-  FROM {{ns}}.run r
-  LEFT JOIN LATERAL (
-      SELECT array_agg(x.step_id ORDER BY x.id) AS step_ids,
-             array_agg(x.purpose ORDER BY x.id) AS purposes,
-             array_agg(x.key_version ORDER BY x.id) AS key_versions,
-             array_agg(x.nonce ORDER BY x.id) AS nonces,
-             array_agg(x.ciphertext ORDER BY x.id) AS ciphertexts
-        FROM {{ns}}.payload x
-       WHERE x.run_id = r.id AND x.purpose IN ('input', 'output', 'wait-result')
-  ) p ON true
-  LEFT JOIN {{ns}}.payload c ON c.id = $2::bigint
- WHERE r.id = $1;
-
 -- name: dispatcher_payload_insert
 -- Store a sealed payload: $1 run (text), $2 step (text), $3 purpose (text), $4 key version
 -- (integer), $5 nonce (bytea), $6 ciphertext (bytea). Answers its id.
 INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id;
+
+-- name: dispatcher_payloads_insert
+-- Store several sealed payloads of step $2 (text) of run $1 (text) in one statement:
+-- parallel arrays $3 purposes (text[]), $4 key versions (integer[]), $5 nonces (bytea[]),
+-- $6 ciphertexts (bytea[]).
+INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+SELECT $1, $2, x.purpose, x.key_version, x.nonce, x.ciphertext
+  FROM unnest($3::text[], $4::integer[], $5::bytea[], $6::bytea[])
+       WITH ORDINALITY AS x(purpose, key_version, nonce, ciphertext, n)
+ ORDER BY x.n;
 
 -- name: dispatcher_command_prepare
 -- Commit the prepared command of call step $2 (text) of run $1 (text), locked by
@@ -215,6 +229,39 @@ UPDATE {{ns}}.step s
        attempts = s.attempts + 1,
        updated_at = {{ns}}.now()
   FROM before
+ WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
+RETURNING s.attempts, before.first_of_run, before.since_admission;
+
+-- name: dispatcher_command_seal_prepare
+-- dispatcher_command_prepare for a first attempt, storing the command in the same
+-- statement: $1 run (text), $2 step (text), $3 owner (text), $4 key version (integer), $5
+-- nonce (bytea), $6 ciphertext (bytea) of the sealed command, $7 command key (text), $8
+-- deadlineSeconds (integer). No row when nothing may be prepared; the caller then rolls
+-- back, the stored command with it.
+WITH kept AS (
+    INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+    VALUES ($1, $2, 'command', $4, $5, $6)
+    RETURNING id
+), before AS (
+    SELECT NOT EXISTS (
+               SELECT 1 FROM {{ns}}.step
+                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+           ) AS first_of_run,
+           (SELECT extract(epoch FROM {{ns}}.now() - created_at)::float8
+              FROM {{ns}}.run WHERE id = $1) AS since_admission
+)
+UPDATE {{ns}}.step s
+   SET state = 'prepared',
+       command_payload_id = kept.id,
+       command_key = $7,
+       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+       deadline_at = coalesce(s.deadline_at,
+                              {{ns}}.now() + make_interval(secs => $8::integer)),
+       attempts = s.attempts + 1,
+       updated_at = {{ns}}.now()
+  FROM before, kept
  WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
    AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
 RETURNING s.attempts, before.first_of_run, before.since_admission;
@@ -287,6 +334,61 @@ UPDATE {{ns}}.step
        lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
        updated_at = {{ns}}.now()
  WHERE run_id = $1 AND step_id = $2;
+
+-- name: dispatcher_step_advance
+-- dispatcher_step_end, dispatcher_step_insert and dispatcher_run_progress ('running') in
+-- one statement, for a step of a run that is neither ended nor being cancelled: end step
+-- $2 (text) of run $1 (text), locked by dispatcher_step_lock, in state $3 with effect $4
+-- (text; null keeps the present one), and make step $5 (text, type $7) the run's next step,
+-- number $6 (integer), due now. The step rows written are different ones, so no part of
+-- the statement needs to see another's change.
+WITH ended AS (
+    UPDATE {{ns}}.step
+       SET state = $3,
+           effect = coalesce($4::text, effect),
+           due_at = NULL,
+           ended_at = {{ns}}.now(),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+     WHERE run_id = $1 AND step_id = $2
+    RETURNING run_id
+), next AS (
+    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
+    SELECT $1, $5, $6, $7, 'ready', {{ns}}.now()
+     WHERE EXISTS (SELECT 1 FROM {{ns}}.run WHERE id = $1 AND ended_at IS NULL)
+    RETURNING due_at
+)
+UPDATE {{ns}}.run
+   SET state = 'running', updated_at = {{ns}}.now()
+ WHERE id = $1 AND ended_at IS NULL;
+
+-- name: dispatcher_step_end_run
+-- dispatcher_step_end and dispatcher_run_end in one statement, for a step not abandoned
+-- by a cancel: end step $2 (text) of run $1 (text), locked by dispatcher_step_lock, in
+-- state $3 with effect $4 (text or null), and end the run in state $5 (succeeded or
+-- failed; cancelled when it is being cancelled) with outcome $6 and failure $7 kind, $8
+-- JSON pointer (each text or null; the failure names step $2).
+WITH ended AS (
+    UPDATE {{ns}}.step
+       SET state = $3,
+           effect = coalesce($4::text, effect),
+           due_at = NULL,
+           ended_at = {{ns}}.now(),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+     WHERE run_id = $1 AND step_id = $2
+    RETURNING run_id
+)
+UPDATE {{ns}}.run
+   SET state = CASE WHEN cancelling THEN 'cancelled' ELSE $5 END,
+       outcome = $6,
+       failure_kind = CASE WHEN cancelling THEN NULL ELSE $7 END,
+       failure_path = CASE WHEN cancelling THEN NULL ELSE $8 END,
+       failure_step = CASE WHEN cancelling OR $7::text IS NULL THEN NULL ELSE $2 END,
+       ended_at = {{ns}}.now(),
+       updated_at = {{ns}}.now()
+ WHERE id = $1 AND ended_at IS NULL
+RETURNING state;
 
 -- name: dispatcher_step_uncertain
 -- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was sent and its effect
