@@ -1,5 +1,12 @@
 """Writing what happened to a step, each outcome in one transaction with what follows it.
 
+The common case of the busiest writes — preparing a first command, and ending a step with
+its successor or with its run, in a run neither ended nor being cancelled — is one
+statement (:meth:`Settler.fast`): it locks the run row and then the step's exactly as the
+locked transaction would, and writes only when the lease is still this dispatcher's in the
+current hold epoch. When it writes nothing, the caller takes the locked transaction, which
+tells the other cases apart and writes what each of them calls for.
+
 An executor opens :meth:`Settler.locked` for its claimed step: a transaction that first
 locks the step row (and its run's), and only while this dispatcher still holds its lease in
 the current hold epoch; inside, it writes through :class:`dispatcher.tx.Tx`. A lost lease
@@ -23,7 +30,7 @@ import asyncpg
 from core.codes import Code
 from core.crypto import Keyring
 from core.errors import CoordinatorError
-from core.payloads import statement, transaction
+from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
 from dispatcher.claim import Claimed
 from dispatcher.tx import Prepared, Tx
@@ -118,6 +125,88 @@ class Settler:
             await self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def fast(
+        self, run: Callable[[asyncpg.Connection], Awaitable[asyncpg.Record | None]]
+    ) -> asyncpg.Record | None:
+        """Run one of the single-statement common cases (``run`` makes its one call);
+        ``None`` when it wrote nothing — also when the database is away or the statement
+        lost a deadlock, since the locked transaction retries those."""
+        try:
+            async with statement(self.store) as conn:
+                return await run(conn)
+        except CoordinatorError as exc:
+            if exc.code != Code.SERVICE_UNAVAILABLE:
+                raise
+        except _TRANSIENT:
+            pass
+        return None
+
+    def _seal_all(self, claimed: Claimed, values: dict[str, Any]) -> list[list[Any]]:
+        sealed = [
+            seal_json(self.keyring, self.store.runtime.config.namespace, claimed.run_id, p, v)
+            for p, v in values.items()
+        ]
+        return [
+            list(values),
+            [x.key_version for x in sealed],
+            [x.nonce for x in sealed],
+            [x.ciphertext for x in sealed],
+        ]
+
+    async def fast_advance(
+        self,
+        claimed: Claimed,
+        next_step: str,
+        next_kind: str,
+        *,
+        state: str = "completed",
+        effect: str | None = None,
+        keep: dict[str, Any] | None = None,
+    ) -> bool:
+        """End the step (keeping ``keep``'s payloads) and make ``next_step`` due, in one
+        statement; False when that common case did not hold and nothing was written."""
+        purposes, versions, nonces, ciphertexts = self._seal_all(claimed, keep or {})
+        queries = self.store.queries
+        row = await self.fast(
+            lambda conn: conn.fetchrow(
+                queries["dispatcher_fast_advance"],
+                claimed.run_id,
+                claimed.step_id,
+                self.owner,
+                state,
+                effect,
+                purposes,
+                versions,
+                nonces,
+                ciphertexts,
+                next_step,
+                next_kind,
+            )
+        )
+        return row is not None
+
+    async def fast_end_run(
+        self, claimed: Claimed, *, step_state: str, run_state: str, outcome: str | None
+    ) -> bool:
+        """End the step and its run in one statement; False when that common case did not
+        hold and nothing was written."""
+        queries = self.store.queries
+        row = await self.fast(
+            lambda conn: conn.fetchrow(
+                queries["dispatcher_fast_end_run"],
+                claimed.run_id,
+                claimed.step_id,
+                self.owner,
+                step_state,
+                None,
+                run_state,
+                outcome,
+                None,
+                None,
+            )
+        )
+        return row is not None
+
     async def prepare(
         self,
         claimed: Claimed,
@@ -136,6 +225,10 @@ class Settler:
         have prepared it — so a cancel committed first stops the command, and one committed
         later finds the step prepared and leased, and leaves it to be settled).
         """
+        if command_payload_id is None:
+            fast = await self._fast_prepare(claimed, command, command_key, deadline_seconds)
+            if fast is not None:
+                return fast
         try:
             async with self.locked(claimed) as tx:
                 if tx is None:
@@ -155,6 +248,34 @@ class Settler:
             await self.unprepare(claimed)
             return None
         return prepared
+
+    async def _fast_prepare(
+        self, claimed: Claimed, command: Any, command_key: str, deadline_seconds: int
+    ) -> Prepared | None:
+        sealed = seal_json(
+            self.keyring, self.store.runtime.config.namespace, claimed.run_id, "command", command
+        )
+        queries = self.store.queries
+        row = await self.fast(
+            lambda conn: conn.fetchrow(
+                queries["dispatcher_fast_prepare"],
+                claimed.run_id,
+                claimed.step_id,
+                self.owner,
+                sealed.key_version,
+                sealed.nonce,
+                sealed.ciphertext,
+                command_key,
+                deadline_seconds,
+            )
+        )
+        if row is None:
+            return None
+        return Prepared(
+            attempts=int(row["attempts"]),
+            first_of_run=bool(row["first_of_run"]),
+            since_admission=float(row["since_admission"] or 0.0),
+        )
 
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""

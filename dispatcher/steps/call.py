@@ -42,7 +42,7 @@ from core.derive import command_key
 from core.errors import CoordinatorError
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
-from core.workflow.model import CallStep
+from core.workflow.model import CallStep, step_kind
 from dispatcher.adapters import AuthorizedRequest, RequestUnbuildable, adapter_for
 from dispatcher.claim import Claimed
 from dispatcher.classify import (
@@ -208,10 +208,23 @@ async def _record(
     """Commit the classified answer and what follows from it, in one transaction."""
     if result.result != ACCEPTED:
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
+    response = result.response
+    mapped = map_output(op, step.output, run.scope, response) if result.result == ACCEPTED else None
+    if mapped is not None and mapped.ok:
+        # The common case in one statement; when it does not hold (a cancel, a lost
+        # lease), nothing was written and the locked transaction below decides.
+        kind = step_kind(run.workflow.step(step.next))
+        if await env.settler.fast_advance(
+            claimed,
+            step.next,
+            kind,
+            effect="accepted",
+            keep={"response": response, "output": mapped.value},
+        ):
+            return
 
     async def accepted(tx: Tx) -> None:
-        response = result.response
-        mapped = map_output(op, step.output, run.scope, response)
+        assert mapped is not None  # only the accepted action runs this
         if not mapped.ok:
             await tx.keep("response", response)
             await tx.end_run(

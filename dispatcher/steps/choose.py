@@ -6,7 +6,7 @@ A choice on a step a cancel abandoned decides nothing: the step ends cancelled.
 from __future__ import annotations
 
 from core.workflow.expr import holds
-from core.workflow.model import ChooseStep
+from core.workflow.model import ChooseStep, step_kind
 from dispatcher.claim import Claimed
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
@@ -26,6 +26,9 @@ async def execute(
 ) -> None:
     """Decide and make the chosen step due, in one transaction."""
     target = pick(step, run)
+    kind = step_kind(run.workflow.step(target))
+    if await env.settler.fast_advance(claimed, target, kind):
+        return  # the common case, in one statement
 
     async def advance(tx: Tx) -> None:
         if tx.abandoned:

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -352,3 +353,92 @@ async def test_a_stored_command_that_is_not_the_runs_command_is_never_sent(
     assert "failed unexpectedly (CoordinatorError: the step's command payload is missing)" in (
         caplog.text
     )
+
+
+class AnswerByRecipient:
+    """A Messaging stand-in that answers each command by the recipient it names, whatever
+    order concurrent requests arrive in; every other recipient is accepted."""
+
+    ANSWERS: ClassVar[dict[str, tuple[int, dict[str, str]]]] = {
+        # accepted, but without the messageId the output mapping needs
+        "applicant-unmappable": (202, {"acceptedAt": "2027-03-01T08:00:00.000Z"}),
+        "applicant-refused": (409, {"code": "idempotency.conflict"}),
+        "applicant-uncertain": (500, {"code": "internal-error"}),
+    }
+
+    def __init__(self) -> None:
+        self.recipients: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        recipient = str(json.loads(body)["recipientRef"])
+        self.recipients.append(recipient)
+        status, content = self.ANSWERS.get(recipient, (202, ACCEPTED_BODY))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": json.dumps(content).encode()})
+
+
+async def test_one_steps_failure_in_a_claimed_batch_stays_in_its_own_run(
+    kit: DispatchKit,
+) -> None:
+    product = AnswerByRecipient()
+    kit.product(product)
+    dispatcher = await kit.dispatcher(DispatchSettings(concurrency=16))
+    recipients = [
+        "applicant-ok-1",
+        "applicant-unmappable",
+        "applicant-ok-2",
+        "applicant-refused",
+        "applicant-ok-3",
+        "applicant-uncertain",
+        "applicant-ok-4",
+    ]
+    runs = {r: await kit.start("notice", {"applicantRef": r}) for r in recipients}
+
+    # One claim leases every run's first step; they run side by side and settle apart.
+    assert await dispatcher.run_once() == len(recipients)
+    assert sorted(product.recipients) == sorted(recipients)
+    await dispatcher.drain()
+
+    for recipient, run_id in runs.items():
+        run = await kit.run(run_id)
+        send = await kit.step(run_id, "send")
+        if recipient == "applicant-unmappable":
+            assert (run["state"], run["failure_kind"], run["failure_path"]) == (
+                "failed",
+                "mapping-invalid",
+                "/messageId",
+            )
+            assert (send["state"], send["effect"]) == ("failed", "accepted")
+            assert await kit.payload(run_id, "send", "output") is None
+        elif recipient == "applicant-refused":
+            assert (run["state"], run["failure_kind"], run["failure_step"]) == (
+                "failed",
+                "refused",
+                "send",
+            )
+            assert (send["state"], send["effect"]) == ("refused", None)
+        elif recipient == "applicant-uncertain":
+            assert (run["state"], run["attention"], run["ended_at"]) == ("held", True, None)
+            assert (send["state"], send["effect"]) == ("uncertain", "unknown")
+        else:
+            assert (run["state"], run["outcome"], run["attention"]) == ("succeeded", "sent", False)
+            assert run["failure_kind"] is None
+            assert (send["state"], send["effect"]) == ("completed", "accepted")
+            assert await kit.payload(run_id, "send", "output") == {"messageId": "msg-scripted"}
+            assert await kit.step_ids(run_id) == ["send", "sent"]
+    # Each command went out once: nothing of a failed neighbour was sent again.
+    assert sorted(product.recipients) == sorted(recipients)

@@ -266,6 +266,52 @@ UPDATE {{ns}}.step s
    AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
 RETURNING s.attempts, before.first_of_run, before.since_admission;
 
+-- name: dispatcher_fast_prepare
+-- dispatcher_step_lock and dispatcher_command_seal_prepare in one statement, for the
+-- common case only: run $1 (text) has not ended and is not being cancelled, and owner $3
+-- (text) holds the lease of ready step $2 (text) in the current hold epoch with the
+-- execution hold off. The run row is locked first (as a cancel locks it), then the step's;
+-- only then is the sealed command ($4 key version, $5 nonce, $6 ciphertext) stored and the
+-- step prepared under command key $7 (text) with deadlineSeconds $8 (integer). No row, and
+-- nothing written, in every other case: the caller then takes the locked transaction, which
+-- tells those cases apart.
+WITH r AS (
+    SELECT id, created_at FROM {{ns}}.run
+     WHERE id = $1 AND ended_at IS NULL AND NOT cancelling
+       FOR NO KEY UPDATE
+), ok AS (
+    SELECT s.run_id, s.step_id
+      FROM {{ns}}.step s
+      JOIN r ON r.id = s.run_id
+     WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
+       FOR UPDATE OF s
+), kept AS (
+    INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+    SELECT ok.run_id, ok.step_id, 'command', $4, $5, $6 FROM ok
+    RETURNING id
+), before AS (
+    SELECT NOT EXISTS (
+               SELECT 1 FROM {{ns}}.step
+                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+           ) AS first_of_run,
+           (SELECT extract(epoch FROM {{ns}}.now() - r.created_at)::float8 FROM r)
+               AS since_admission
+)
+UPDATE {{ns}}.step s
+   SET state = 'prepared',
+       command_payload_id = kept.id,
+       command_key = $7,
+       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+       deadline_at = coalesce(s.deadline_at,
+                              {{ns}}.now() + make_interval(secs => $8::integer)),
+       attempts = s.attempts + 1,
+       updated_at = {{ns}}.now()
+  FROM before, kept
+ WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+RETURNING s.attempts, before.first_of_run, before.since_admission;
+
 -- name: dispatcher_step_unprepare
 -- Owner $3 (text) gives back step $2 (text) of run $1 (text) whose prepared command it
 -- knows it never sent: the step is ready again (command and key kept), due no sooner than
@@ -361,6 +407,86 @@ WITH ended AS (
 UPDATE {{ns}}.run
    SET state = 'running', updated_at = {{ns}}.now()
  WHERE id = $1 AND ended_at IS NULL;
+
+-- name: dispatcher_fast_advance
+-- dispatcher_step_lock, dispatcher_payloads_insert and dispatcher_step_advance in one
+-- statement, for the common case only: run $1 (text) has not ended and is not being
+-- cancelled, and owner $3 (text) holds the lease of step $2 (text) in the current hold
+-- epoch. The run row is locked first (as a cancel locks it), then the step is ended in state
+-- $4 with effect $5 (text or null), its payloads stored (parallel arrays $6 purposes, $7
+-- key versions, $8 nonces, $9 ciphertexts; may be empty), and step $10 (text, type $11)
+-- made the run's next step, due now, the run running. Answers the ended step's seq; no row,
+-- and nothing written, in every other case (the caller then takes the locked transaction).
+WITH r AS (
+    SELECT id FROM {{ns}}.run
+     WHERE id = $1 AND ended_at IS NULL AND NOT cancelling
+       FOR NO KEY UPDATE
+), ended AS (
+    UPDATE {{ns}}.step s
+       SET state = $4,
+           effect = coalesce($5::text, s.effect),
+           due_at = NULL,
+           ended_at = {{ns}}.now(),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+      FROM r
+     WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold)
+    RETURNING s.seq
+), kept AS (
+    INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
+    SELECT $1, $2, x.purpose, x.key_version, x.nonce, x.ciphertext
+      FROM ended,
+           unnest($6::text[], $7::integer[], $8::bytea[], $9::bytea[])
+           WITH ORDINALITY AS x(purpose, key_version, nonce, ciphertext, n)
+     ORDER BY x.n
+), next AS (
+    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
+    SELECT $1, $10, ended.seq + 1, $11, 'ready', {{ns}}.now() FROM ended
+), progress AS (
+    UPDATE {{ns}}.run u
+       SET state = 'running', updated_at = {{ns}}.now()
+      FROM ended
+     WHERE u.id = $1
+)
+SELECT seq FROM ended;
+
+-- name: dispatcher_fast_end_run
+-- dispatcher_step_lock and dispatcher_step_end_run in one statement, for the common case
+-- only: run $1 (text) has not ended and is not being cancelled, and owner $3 (text) holds
+-- the lease of step $2 (text) in the current hold epoch. The run row is locked first, then
+-- the step is ended in state $4 with effect $5 (text or null) and the run in state $6
+-- (succeeded or failed) with outcome $7 and failure $8 kind, $9 JSON pointer (each text or
+-- null; the failure names step $2). Answers the run's state; no row, and nothing written,
+-- in every other case (the caller then takes the locked transaction).
+WITH r AS (
+    SELECT id FROM {{ns}}.run
+     WHERE id = $1 AND ended_at IS NULL AND NOT cancelling
+       FOR NO KEY UPDATE
+), ended AS (
+    UPDATE {{ns}}.step s
+       SET state = $4,
+           effect = coalesce($5::text, s.effect),
+           due_at = NULL,
+           ended_at = {{ns}}.now(),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+      FROM r
+     WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold)
+    RETURNING s.run_id
+)
+UPDATE {{ns}}.run u
+   SET state = $6,
+       outcome = $7,
+       failure_kind = $8,
+       failure_path = $9,
+       failure_step = CASE WHEN $8::text IS NULL THEN NULL ELSE $2 END,
+       ended_at = {{ns}}.now(),
+       updated_at = {{ns}}.now()
+  FROM ended
+ WHERE u.id = ended.run_id
+RETURNING u.state;
 
 -- name: dispatcher_step_end_run
 -- dispatcher_step_end and dispatcher_run_end in one statement, for a step not abandoned
