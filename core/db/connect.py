@@ -228,12 +228,8 @@ async def create_pool(
     label: str = "database URL",
 ) -> asyncpg.Pool:
     """A pool of verified TLS connections; with ``setup_role`` each new connection acts as
-    that role (``SET ROLE``) once, for its life (a release resets nothing of the session).
-    Its statements use generic plans (``plan_cache_mode``), made once per connection."""
-    # A pooled connection runs the same few named statements thousands of times: plan each
-    # once (per connection) instead of planning again for every set of parameters.
-    settings = {"plan_cache_mode": "force_generic_plan", **(server_settings or {})}
-    kwargs = _connect_kwargs(url, trusted_root_pem, settings, label)
+    that role (``SET ROLE``) once, for its life (a release resets nothing of the session)."""
+    kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
     if setup_role is not None:
         kwargs["init"] = _role_setter(setup_role)
     pool: asyncpg.Pool = await asyncpg.create_pool(

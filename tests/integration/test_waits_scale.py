@@ -206,9 +206,8 @@ async def explain(db: asyncpg.Connection, sql: str, now: datetime, *args: Any) -
 
 
 async def generic_plan(db: asyncpg.Connection, sql: str, arguments: str = "") -> dict[str, Any]:
-    """The generic plan of ``sql``, executed with the literal ``arguments``: the plan the
-    components' pools run, which plan each statement once per connection
-    (``plan_cache_mode``)."""
+    """The generic plan of ``sql``, executed with the literal ``arguments``: the plan a
+    pooled connection's prepared statement may settle on after its first executions."""
     tx = db.transaction()
     await tx.start()
     try:
