@@ -6,6 +6,11 @@ table shaped like ``step`` (same columns, same partial indexes, same fill factor
 ``due`` notification trigger) with ``FOR UPDATE SKIP LOCKED``, end it with an ``UPDATE``,
 and ``INSERT`` its successor due now. Every worker keeps its own chain of runs alive, so the
 queue never runs dry and workers compete for the same index the way dispatchers do.
+
+The bench runs it in a database of its own on the coordinator's server, over the same TLS
+path. Sharing the server keeps the comparison fair (same build, settings, disk and CPU);
+a separate database keeps its commits out of ``pg_stat_database.xact_commit`` of the
+coordinator's database, from which the throughput phase counts transactions per transition.
 """
 
 from __future__ import annotations

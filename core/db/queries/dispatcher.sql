@@ -29,13 +29,16 @@
 WITH h AS (
     SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
 ), due AS (
+    -- The live-run check is a lookup by primary key for each step the walk meets, never a
+    -- join: a join's plan can start from run when its statistics are stale (a burst of new
+    -- runs not analysed yet looks like no live run at all) and then read step_due once per
+    -- run. This way the walk is always step_due order, and stops at the limit.
     SELECT s.run_id, s.step_id
       FROM {{ns}}.step s
-      JOIN {{ns}}.run r ON r.id = s.run_id
      WHERE s.due_at IS NOT NULL
        AND s.lease_owner IS NULL
        AND s.due_at <= {{ns}}.now()
-       AND r.ended_at IS NULL
+       AND (SELECT r.ended_at IS NULL FROM {{ns}}.run r WHERE r.id = s.run_id)
        AND EXISTS (SELECT 1 FROM h)
      ORDER BY s.due_at
      LIMIT $2
@@ -144,8 +147,9 @@ SELECT (SELECT count(*) FROM released) AS released,
 SELECT extract(epoch FROM (
            SELECT s.due_at
              FROM {{ns}}.step s
-             JOIN {{ns}}.run r ON r.id = s.run_id
-            WHERE s.due_at IS NOT NULL AND s.lease_owner IS NULL AND r.ended_at IS NULL
+            WHERE s.due_at IS NOT NULL AND s.lease_owner IS NULL
+              -- a lookup per step met, never a join (see dispatcher_claim)
+              AND (SELECT r.ended_at IS NULL FROM {{ns}}.run r WHERE r.id = s.run_id)
             ORDER BY s.due_at
             LIMIT 1
        ) - {{ns}}.now())::float8 AS due_in,
