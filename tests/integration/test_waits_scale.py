@@ -301,8 +301,10 @@ async def test_five_thousand_waiting_runs_cost_no_memory_and_no_work_per_tick(
 
     assert waiting == WAITING
     assert rss_after - rss_before < RSS_GROWTH_LIMIT_KIB
-    # A look reads the same handful of step rows with 5,000 runs waiting as with none.
-    assert rows_after / ticks_after <= rows_before / ticks_before + 2
+    # A look reads the same handful of step rows with 5,000 runs waiting as with none: the
+    # wake-up read fetches the earliest waiting step (about 1.5-2 rows per look measured,
+    # with the odd extra under load), never a walk over the 5,000.
+    assert rows_after / ticks_after <= rows_before / ticks_before + 3
     claim_generic = await generic_plan(
         kit.db, queries["dispatcher_claim"], "'explain-owner', 16, 30.0"
     )
