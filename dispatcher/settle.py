@@ -33,7 +33,7 @@ from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
 from dispatcher.claim import Claimed
-from dispatcher.tx import Prepared, Tx
+from dispatcher.tx import Prepared, Tx, sealed_columns
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -141,18 +141,6 @@ class Settler:
             pass
         return None
 
-    def _seal_all(self, claimed: Claimed, values: dict[str, Any]) -> list[list[Any]]:
-        sealed = [
-            seal_json(self.keyring, self.store.runtime.config.namespace, claimed.run_id, p, v)
-            for p, v in values.items()
-        ]
-        return [
-            list(values),
-            [x.key_version for x in sealed],
-            [x.nonce for x in sealed],
-            [x.ciphertext for x in sealed],
-        ]
-
     async def fast_advance(
         self,
         claimed: Claimed,
@@ -165,7 +153,10 @@ class Settler:
     ) -> bool:
         """End the step (keeping ``keep``'s payloads) and make ``next_step`` due, in one
         statement; False when that common case did not hold and nothing was written."""
-        purposes, versions, nonces, ciphertexts = self._seal_all(claimed, keep or {})
+        namespace = self.store.runtime.config.namespace
+        purposes, versions, nonces, ciphertexts = sealed_columns(
+            self.keyring, namespace, claimed.run_id, keep or {}
+        )
         queries = self.store.queries
         row = await self.fast(
             lambda conn: conn.fetchrow(
@@ -269,13 +260,7 @@ class Settler:
                 deadline_seconds,
             )
         )
-        if row is None:
-            return None
-        return Prepared(
-            attempts=int(row["attempts"]),
-            first_of_run=bool(row["first_of_run"]),
-            since_admission=float(row["since_admission"] or 0.0),
-        )
+        return None if row is None else Prepared.from_row(row)
 
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""

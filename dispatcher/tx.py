@@ -46,6 +46,29 @@ class Prepared:
     first_of_run: bool
     since_admission: float
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Prepared:
+        """The prepared command of a ``dispatcher_command_prepare``-shaped answer."""
+        return cls(
+            attempts=int(row["attempts"]),
+            first_of_run=bool(row["first_of_run"]),
+            since_admission=float(row["since_admission"] or 0.0),
+        )
+
+
+def sealed_columns(
+    keyring: Keyring, namespace: str, run_id: str, values: Mapping[str, Any]
+) -> tuple[list[str], list[int], list[bytes], list[bytes]]:
+    """``values`` (purpose -> value) sealed, as the parallel arrays
+    ``dispatcher_payloads_insert`` and ``dispatcher_fast_advance`` take."""
+    sealed = [seal_json(keyring, namespace, run_id, p, v) for p, v in values.items()]
+    return (
+        list(values),
+        [x.key_version for x in sealed],
+        [x.nonce for x in sealed],
+        [x.ciphertext for x in sealed],
+    )
+
 
 class Tx:
     """The open, step-locked transaction of one claimed step held by ``owner``."""
@@ -101,18 +124,9 @@ class Tx:
 
     async def keep_all(self, values: Mapping[str, Any]) -> None:
         """Seal and store several payloads of this step (purpose -> value) in one statement."""
-        sealed = [
-            seal_json(self._keyring, self._namespace, self._run_id, purpose, value)
-            for purpose, value in values.items()
-        ]
+        columns = sealed_columns(self._keyring, self._namespace, self._run_id, values)
         await self._conn.execute(
-            self._queries["dispatcher_payloads_insert"],
-            self._run_id,
-            self._step_id,
-            list(values),
-            [s.key_version for s in sealed],
-            [s.nonce for s in sealed],
-            [s.ciphertext for s in sealed],
+            self._queries["dispatcher_payloads_insert"], self._run_id, self._step_id, *columns
         )
 
     # ------------------------------------------------------------------ every step
@@ -270,13 +284,7 @@ class Tx:
                 command_key,
                 deadline_seconds,
             )
-        if row is None:
-            return None
-        return Prepared(
-            attempts=int(row["attempts"]),
-            first_of_run=bool(row["first_of_run"]),
-            since_admission=float(row["since_admission"] or 0.0),
-        )
+        return None if row is None else Prepared.from_row(row)
 
     async def uncertain(self) -> None:
         """The command may have been processed: the step waits for an operator, run held."""

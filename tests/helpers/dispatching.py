@@ -190,12 +190,7 @@ class ScriptedProduct:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.requests.append(
             {
                 "method": scope["method"],
@@ -205,15 +200,30 @@ class ScriptedProduct:
             }
         )
         status, content = self.answers.popleft() if len(self.answers) > 1 else self.answers[0]
-        raw = content if isinstance(content, bytes) else json.dumps(content).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": raw})
+        await send_answer(send, status, content)
+
+
+async def read_body(receive: Any) -> bytes:
+    """The whole body of an ASGI HTTP request."""
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
+
+
+async def send_answer(send: Any, status: int, content: bytes | dict[str, Any]) -> None:
+    """Answer an ASGI HTTP request with ``status`` and a JSON body (bytes sent as they are)."""
+    raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": raw})
 
 
 @dataclass

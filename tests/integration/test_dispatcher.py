@@ -20,7 +20,9 @@ from tests.helpers.dispatching import (
     DispatchKit,
     ScriptedProduct,
     dispatch_kit,
+    read_body,
     running,
+    send_answer,
     until,
 )
 from tests.helpers.pinned_clock import T0
@@ -372,23 +374,10 @@ class AnswerByRecipient:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        recipient = str(json.loads(body)["recipientRef"])
+        recipient = str(json.loads(await read_body(receive))["recipientRef"])
         self.recipients.append(recipient)
         status, content = self.ANSWERS.get(recipient, (202, ACCEPTED_BODY))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": json.dumps(content).encode()})
+        await send_answer(send, status, content)
 
 
 async def test_one_steps_failure_in_a_claimed_batch_stays_in_its_own_run(
