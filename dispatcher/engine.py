@@ -109,8 +109,7 @@ class Dispatcher:
             crash_points=crash_points or NoCrash(),
         )
         self.stopping = False
-        self.executed = 0
-        """Steps this dispatcher finished working on (whatever the outcome)."""
+        self._executed = 0
         self.progress = asyncio.Condition()
         """Notified whenever a step execution ends; tests wait on it instead of sleeping."""
         self._wake = asyncio.Event()
@@ -118,6 +117,12 @@ class Dispatcher:
         self.listener = Listener(store, self._wake.set)
         self._monotonic = monotonic
         self._next_sweep = float("-inf")
+
+    @property
+    def executed(self) -> int:
+        """Steps this dispatcher finished working on (whatever the outcome), counting the
+        local steps a settling statement recorded (see :mod:`dispatcher.steps.local`)."""
+        return self._executed + self.settler.steps_done_inline
 
     @classmethod
     def from_store(
@@ -215,15 +220,16 @@ class Dispatcher:
         """Sweep, claim every due step there is room for, execute them, and wait for them.
 
         For tests and tools that drive the dispatcher step by step; answers how many steps
-        were executed.
+        were executed, the local steps their settling statements recorded included.
         """
         await self.claimer.sweep()
         claimed = await self.claimer.claim(self.settings.concurrency)
         flights = [Flight() for _ in claimed]
+        before = self.executed
         await asyncio.gather(
             *(self._execute(step, flight) for step, flight in zip(claimed, flights, strict=True))
         )
-        return len(claimed)
+        return self.executed - before
 
     async def drain(self, limit: int = 100) -> int:
         """:meth:`run_once` until nothing is due; answers the total executed."""
@@ -258,7 +264,7 @@ class Dispatcher:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewing
-            self.executed += 1
+            self._executed += 1
             async with self.progress:
                 self.progress.notify_all()
 

@@ -33,6 +33,7 @@ from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
 from dispatcher.claim import Claimed
+from dispatcher.steps.local import Onward
 from dispatcher.tx import Prepared, Tx, sealed_columns
 
 log = logging.getLogger("coordinator.dispatcher")
@@ -64,6 +65,8 @@ class Settler:
         self.keyring = keyring
         self.owner = owner
         self._sleep = sleep
+        self.steps_done_inline = 0
+        """Local steps recorded by a settling statement instead of being claimed."""
 
     @contextlib.asynccontextmanager
     async def locked(self, claimed: Claimed) -> AsyncIterator[Tx | None]:
@@ -144,15 +147,15 @@ class Settler:
     async def fast_advance(
         self,
         claimed: Claimed,
-        next_step: str,
-        next_kind: str,
+        way: Onward,
         *,
         state: str = "completed",
         effect: str | None = None,
         keep: dict[str, Any] | None = None,
     ) -> bool:
-        """End the step (keeping ``keep``'s payloads) and make ``next_step`` due, in one
-        statement; False when that common case did not hold and nothing was written."""
+        """End the step (keeping ``keep``'s payloads), record the local steps ``way`` passes
+        and make its next step due (or end the run at its finish), in one statement; False
+        when that common case did not hold and nothing was written."""
         namespace = self.store.runtime.config.namespace
         purposes, versions, nonces, ciphertexts = sealed_columns(
             self.keyring, namespace, claimed.run_id, keep or {}
@@ -170,11 +173,17 @@ class Settler:
                 versions,
                 nonces,
                 ciphertexts,
-                next_step,
-                next_kind,
+                way.next_step,
+                way.next_kind,
+                way.step_ids,
+                way.step_types,
+                way.outcome,
             )
         )
-        return row is not None
+        if row is None:
+            return False
+        self.steps_done_inline += len(way.passed)
+        return True
 
     async def fast_end_run(
         self, claimed: Claimed, *, step_state: str, run_state: str, outcome: str | None

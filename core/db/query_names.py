@@ -141,7 +141,7 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "dispatcher_command_prepare": 6,
     "dispatcher_command_seal_prepare": 8,
     "dispatcher_expire_leases": 1,
-    "dispatcher_fast_advance": 11,
+    "dispatcher_fast_advance": 14,
     "dispatcher_fast_end_run": 9,
     "dispatcher_fast_prepare": 8,
     "dispatcher_hold_epoch": 0,

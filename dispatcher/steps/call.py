@@ -31,6 +31,7 @@ the step's own outcome and is recorded as above, but leads nowhere: no next step
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from core.derive import command_key
 from core.errors import CoordinatorError
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
-from core.workflow.model import CallStep, step_kind
+from core.workflow.model import CallStep
 from dispatcher.adapters import AuthorizedRequest, RequestUnbuildable, adapter_for
 from dispatcher.claim import Claimed
 from dispatcher.classify import (
@@ -57,6 +58,7 @@ from dispatcher.classify import (
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
 from dispatcher.run_view import Loaded, RunView
 from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv, access_token
+from dispatcher.steps.local import onward
 from dispatcher.tx import Failure, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
@@ -211,13 +213,15 @@ async def _record(
     response = result.response
     mapped = map_output(op, step.output, run.scope, response) if result.result == ACCEPTED else None
     if mapped is not None and mapped.ok:
-        # The common case in one statement; when it does not hold (a cancel, a lost
-        # lease), nothing was written and the locked transaction below decides.
-        kind = step_kind(run.workflow.step(step.next))
+        # The common case in one statement, with the local steps after the call; when it
+        # does not hold (a cancel, a lost lease), nothing was written and the locked
+        # transaction below decides.
+        kept = mapped.value
+        steps = {**run.scope.steps, step.id: kept} if isinstance(kept, dict) else run.scope.steps
+        scope = dataclasses.replace(run.scope, steps=steps)
         if await env.settler.fast_advance(
             claimed,
-            step.next,
-            kind,
+            onward(run.workflow, scope, step.next),
             effect="accepted",
             keep={"response": response, "output": mapped.value},
         ):

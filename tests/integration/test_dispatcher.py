@@ -120,6 +120,28 @@ async def test_later_steps_read_the_values_a_call_kept(kit: DispatchKit) -> None
     assert await kit.step_ids(run_id) == ["send", "check", "kept"]
 
 
+async def test_a_calls_settle_records_the_choose_and_finish_after_it(kit: DispatchKit) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-4"})
+
+    # One claim (the call); its settling statement decides the choose and ends the run.
+    assert await dispatcher.run_once() == 3
+    assert dispatcher.settler.steps_done_inline == 2
+    assert await dispatcher.claimer.claim(8) == []
+    run = await kit.run(run_id)
+    assert (run["state"], run["outcome"]) == ("succeeded", "kept")
+    rows = [await kit.step(run_id, step_id) for step_id in ("send", "check", "kept")]
+    assert [(r["seq"], r["step_type"], r["state"]) for r in rows] == [
+        (1, "call", "completed"),
+        (2, "choose", "completed"),
+        (3, "finish", "completed"),
+    ]
+    # Written as the steps would have been on their own: ended, never due, never leased.
+    assert all(r["ended_at"] == run["ended_at"] for r in rows)
+    assert all((r["due_at"], r["lease_owner"]) == (None, None) for r in rows)
+    assert (rows[1]["attempts"], rows[2]["effect"]) == (0, None)
+
+
 async def test_wait_until_wakes_when_the_clock_reaches_its_instant(
     kit: DispatchKit, fake_clock: Callable[[datetime], None]
 ) -> None:
@@ -398,7 +420,8 @@ async def test_one_steps_failure_in_a_claimed_batch_stays_in_its_own_run(
     runs = {r: await kit.start("notice", {"applicantRef": r}) for r in recipients}
 
     # One claim leases every run's first step; they run side by side and settle apart.
-    assert await dispatcher.run_once() == len(recipients)
+    # The four accepted calls' settling statements also run the finish after them.
+    assert await dispatcher.run_once() == len(recipients) + 4
     assert sorted(product.recipients) == sorted(recipients)
     await dispatcher.drain()
 

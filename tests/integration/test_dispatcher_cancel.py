@@ -386,10 +386,31 @@ async def test_a_claimed_step_of_an_abandoned_kind_ends_cancelled_and_does_nothi
     assert (await kit.stats())["received"] == {}
 
 
+class HoldingProduct:
+    """Accepts each command after setting the execution hold, as an operator's hold landing
+    while the command is out would: the answer is then settled by the locked transaction,
+    which leaves the finish after the call due instead of running it (under the hold
+    nothing is executed), so a cancel can still meet that finish."""
+
+    def __init__(self, kit: DispatchKit) -> None:
+        self.kit = kit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await dispatching.read_body(receive)
+        await self.kit.db.execute(f"UPDATE {self.kit.ns}.hold SET execution_hold = true")
+        body = {"messageId": "msg-held", "acceptedAt": "2027-03-01T08:00:00.000Z"}
+        await dispatching.send_answer(send, 202, body)
+
+
 async def test_a_finish_reached_by_an_abandoned_path_never_runs(kit: DispatchKit) -> None:
+    kit.product(HoldingProduct(kit))
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-f"})
-    assert await dispatcher.run_once() == 1  # the call; "sent" is now due
+    assert await dispatcher.run_once() == 1  # the call; "sent" is now due, not run
+    assert (await kit.step(run_id, "sent"))["state"] == "ready"
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = false")
     await mark_cancelling(kit, run_id)
     assert await dispatcher.run_once() == 1
 

@@ -418,9 +418,17 @@ UPDATE {{ns}}.run
 -- cancelled, and owner $3 (text) holds the lease of step $2 (text) in the current hold
 -- epoch. The run row is locked first (as a cancel locks it), then the step is ended in state
 -- $4 with effect $5 (text or null), its payloads stored (parallel arrays $6 purposes, $7
--- key versions, $8 nonces, $9 ciphertexts; may be empty), and step $10 (text, type $11)
--- made the run's next step, due now, the run running. Answers the ended step's seq; no row,
--- and nothing written, in every other case (the caller then takes the locked transaction).
+-- key versions, $8 nonces, $9 ciphertexts; may be empty), and the run moved on.
+--
+-- Moving on: first the local steps the dispatcher already worked out from the run's values
+-- are recorded as reached and completed, in order (parallel arrays $12 step ids and $13
+-- types; may be empty: a choose decides from values it was given, a finish needs nothing).
+-- Then either step $10 (text, type $11) becomes the run's next step, due now, and the run
+-- is running; or, when $10 is null, the last of those steps was a finish and the run ends
+-- succeeded with outcome $14 (text). Local steps are only recorded while the execution hold
+-- is off: under it nothing is executed, so the statement then writes nothing.
+-- Answers the ended step's seq; no row, and nothing written, in every other case (the
+-- caller then takes the locked transaction).
 WITH r AS (
     SELECT id FROM {{ns}}.run
      WHERE id = $1 AND ended_at IS NULL AND NOT cancelling
@@ -435,7 +443,8 @@ WITH r AS (
            updated_at = {{ns}}.now()
       FROM r
      WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
-       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold)
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold
+                             WHERE cardinality($12::text[]) = 0 OR NOT execution_hold)
     RETURNING s.seq
 ), kept AS (
     INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
@@ -444,12 +453,21 @@ WITH r AS (
            unnest($6::text[], $7::integer[], $8::bytea[], $9::bytea[])
            WITH ORDINALITY AS x(purpose, key_version, nonce, ciphertext, n)
      ORDER BY x.n
+), passed AS (
+    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, ended_at)
+    SELECT $1, x.step_id, ended.seq + x.n::integer, x.step_type, 'completed', {{ns}}.now()
+      FROM ended, unnest($12::text[], $13::text[]) WITH ORDINALITY AS x(step_id, step_type, n)
 ), next AS (
     INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-    SELECT $1, $10, ended.seq + 1, $11, 'ready', {{ns}}.now() FROM ended
+    SELECT $1, $10, ended.seq + cardinality($12::text[]) + 1, $11, 'ready', {{ns}}.now()
+      FROM ended
+     WHERE $10::text IS NOT NULL
 ), progress AS (
     UPDATE {{ns}}.run u
-       SET state = 'running', updated_at = {{ns}}.now()
+       SET state = CASE WHEN $10::text IS NULL THEN 'succeeded' ELSE 'running' END,
+           outcome = CASE WHEN $10::text IS NULL THEN $14::text ELSE u.outcome END,
+           ended_at = CASE WHEN $10::text IS NULL THEN {{ns}}.now() END,
+           updated_at = {{ns}}.now()
       FROM ended
      WHERE u.id = $1
 )
