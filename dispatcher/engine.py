@@ -23,6 +23,7 @@ import contextlib
 import logging
 import random
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 
@@ -38,6 +39,7 @@ from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, W
 from core.workflow.stored import WorkflowCache
 from dispatcher.claim import Claimed, Claimer, Listener
 from dispatcher.crash_points import CrashPoints, NoCrash
+from dispatcher.http11 import Http11Transport
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.run_view import load_claimed
 from dispatcher.settings import DispatchSettings
@@ -57,8 +59,19 @@ GIVE_BACK_SECONDS = 2.0
 
 
 def product_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """The HTTP client for products and the issuer (explicit connect/read/write timeouts)."""
+    """The HTTP client for products and the issuer (explicit connect/read/write timeouts).
+
+    Without a transport given, it is :class:`dispatcher.http11.Http11Transport` — unless the
+    environment names an HTTP proxy, which only httpx's own transport goes through.
+    """
+    if transport is None and not _proxy_configured():
+        transport = Http11Transport()
     return httpx.AsyncClient(timeout=PRODUCT_TIMEOUT, transport=transport, follow_redirects=False)
+
+
+def _proxy_configured() -> bool:
+    proxies = urllib.request.getproxies()
+    return any(scheme in proxies for scheme in ("http", "https", "all"))
 
 
 async def _cancel_abandoned(tx: Tx) -> bool:

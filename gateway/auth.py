@@ -21,6 +21,12 @@ never contains token material. When no key set was ever obtained the verifier ra
 Key set cache: fetched on first use, refetched when a token names an unknown ``kid`` (at
 most once per :data:`JWKS_REFRESH_SECONDS`) and when the cached set is older than
 ``max_age_seconds``. A failed refetch keeps the keys already held.
+
+Verified tokens: a token whose signature verified is remembered (up to
+:data:`VERIFIED_CACHE_SIZE`, the oldest dropped first) with the key that verified it, so the
+same token sent again skips the header parse and the signature check — but only while that
+key is still the issuer's current one, and its claims (``exp``, ``nbf``, ``iat``, issuer,
+audience) are checked again on every use.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ MAX_JWKS_BYTES: Final = 256 * 1024
 JWKS_REFRESH_SECONDS: Final = 60.0
 JWKS_MAX_AGE_SECONDS: Final = 3600.0
 UNAVAILABLE_RETRY_SECONDS: Final = 5.0
+VERIFIED_CACHE_SIZE: Final = 4096
 
 SUPPORTED_ALGORITHMS: Final = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
@@ -276,6 +283,10 @@ class TokenVerifier:
         self._last_attempt: float | None = None
         self._lock = asyncio.Lock()
         self._jws = PyJWS()
+        # Tokens whose signature verified, with the key that did it and their claims: a
+        # client sends the same token until it expires, and the signature check was most
+        # of a request's verification cost. Only verified tokens enter it.
+        self._verified: dict[str, tuple[str, str, jwt.PyJWK, dict[str, Any]]] = {}
 
     @classmethod
     def from_settings(
@@ -311,9 +322,17 @@ class TokenVerifier:
             raise AuthenticationRefused("token too large")
         if not _COMPACT.fullmatch(token):
             raise AuthenticationRefused("not a compact JWS")
+        known = self._verified.get(token)
+        if known is not None:
+            kid, alg, verified_with, claims = known
+            # Only while the key that verified it is still the issuer's current one (a key
+            # set reload prepares new key objects); the claims are checked again every time.
+            if await self._key(kid, alg) is verified_with:
+                return self._claims(claims)
+            del self._verified[token]
         header = self._header(token)
-        alg: str = header["alg"]
-        kid: str = header["kid"]
+        alg = header["alg"]
+        kid = header["kid"]
         key = await self._key(kid, alg)
         try:
             decoded = self._jws.decode_complete(token, key=key, algorithms=[alg])
@@ -325,7 +344,14 @@ class TokenVerifier:
             raise AuthenticationRefused("payload is not JSON") from None
         if not isinstance(claims, dict):
             raise AuthenticationRefused("payload is not a JSON object")
-        return self._claims(claims)
+        verified = self._claims(claims)
+        self._remember(token, (kid, alg, key, claims))
+        return verified
+
+    def _remember(self, token: str, entry: tuple[str, str, jwt.PyJWK, dict[str, Any]]) -> None:
+        if len(self._verified) >= VERIFIED_CACHE_SIZE:
+            del self._verified[next(iter(self._verified))]  # the oldest
+        self._verified[token] = entry
 
     def _header(self, token: str) -> dict[str, Any]:
         try:

@@ -260,6 +260,16 @@ class TokenVerifier:
         self._allowed = allowed_clients
         self._clock = clock
         self._leeway = leeway_seconds
+        # Parsed public keys by (kid, alg), with the key set entry they were parsed from: a
+        # reloaded key set (new entries) parses again.
+        self._parsed: dict[tuple[str, str], tuple[Mapping[str, Any], Any]] = {}
+
+    def _public_key(self, kid: str, alg: str, jwk: Mapping[str, Any]) -> Any:
+        parsed = self._parsed.get((kid, alg))
+        if parsed is None or parsed[0] is not jwk:
+            parsed = (jwk, jwt.PyJWK(dict(jwk), algorithm=alg).key)
+            self._parsed[(kid, alg)] = parsed
+        return parsed[1]
 
     async def verify(self, authorization: str | None, required_scope: str) -> Caller:
         """The caller, or a 401/403/503 :class:`Problem`."""
@@ -286,7 +296,7 @@ class TokenVerifier:
         try:
             claims = jwt.decode(
                 token,
-                jwt.PyJWK(jwk, algorithm=alg).key,
+                self._public_key(kid, str(alg), jwk),
                 algorithms=[alg],
                 options={
                     "verify_exp": False,

@@ -670,3 +670,74 @@ async def test_static_source_accepts_text_and_mappings() -> None:
         assert [key["kid"] for key in fetched["keys"]] == ["rsa-1", "ec-1"]
     with pytest.raises(JwksUnavailable):
         StaticJwksSource("[]")
+
+
+# -- remembered verifications ---------------------------------------------------------------
+
+
+class CountingJws(jwt.api_jws.PyJWS):
+    """Counts signature checks, to see which verifications were remembered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+
+    def decode_complete(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.checks += 1
+        return super().decode_complete(*args, **kwargs)
+
+
+def counting(verifier: TokenVerifier) -> CountingJws:
+    jws = CountingJws()
+    verifier._jws = jws  # the verifier's one signature checker
+    return jws
+
+
+async def test_the_same_token_again_skips_the_signature_but_not_the_claims() -> None:
+    wall = [NOW]
+    verifier = TokenVerifier(
+        issuer=ISS,
+        audience=AUD,
+        algorithms=("RS256", "ES256"),
+        clock_skew_seconds=SKEW,
+        source=FakeSource(jwks()),
+        clock=lambda: wall[0],
+        monotonic=Monotonic(),
+    )
+    jws = counting(verifier)
+    token = mint(claims(exp=int(NOW) + 300, nbf=int(NOW) + 30))
+    wall[0] = NOW + 30  # valid from within the skew
+    assert (await verifier.verify(token)).sub == "portal-user-7"
+    assert (await verifier.verify(token)).client_id == "intake-portal"
+    assert jws.checks == 1
+    # Expiry is checked at every use, remembered or not.
+    wall[0] = NOW + 300 + SKEW
+    assert (await refused(verifier, token)).reason == "token expired"
+    # Another token (a different signature over the same claims) is checked on its own.
+    wall[0] = NOW + 60
+    other = mint(claims(exp=int(NOW) + 300, nbf=int(NOW) + 30), key=EC_KEY, alg="ES256", kid="ec-1")
+    await verifier.verify(other)
+    assert jws.checks == 2
+
+
+async def test_a_remembered_token_is_verified_again_after_the_key_set_changes(
+    source: FakeSource,
+) -> None:
+    clock = Monotonic()
+    verifier = make_verifier(source, clock)
+    jws = counting(verifier)
+    token = mint()
+    await verifier.verify(token)
+    clock.now += 3601  # the key set is reloaded (same keys): its key objects are new
+    await verifier.verify(token)
+    assert (jws.checks, source.fetches) == (2, 2)
+    await verifier.verify(token)
+    assert jws.checks == 2
+
+
+async def test_a_forged_token_is_never_remembered(verifier: TokenVerifier) -> None:
+    jws = counting(verifier)
+    forged = mint(key=ATTACKER_KEY, alg="ES256", kid="ec-1")
+    for _ in range(2):
+        assert (await refused(verifier, forged)).reason == "signature does not verify"
+    assert jws.checks == 2
