@@ -9,6 +9,11 @@ not; an identity whose run retention erased answers ``run.payload-erased``. A ne
 becomes, in one transaction: the run, a binding per connection the workflow uses, the
 input sealed under the active state key, the start identity and the first step, due now.
 
+The common start — a valid input, a new identity, no hold, the activation unchanged — is
+one statement (``admission_run_create_checked``) that makes those checks itself and writes
+nothing when one fails; the lookup transaction then runs as above and answers with the
+refusal (or the known run) in the order given here.
+
 Two identical starts racing each other both try to insert the same run id (it is derived
 from the identity); the loser's insert fails on the primary key once the winner commits,
 and the loser reads the winner's run back instead.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import asyncpg
 
@@ -29,6 +34,7 @@ from core.canonical import canonical_json
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config, seal
 from core.errors import CoordinatorError
+from core.payloads import statement
 from core.runs import RunRecord, StartResult, check_idempotency_key, read_run
 from core.runtime import Runtime, Store
 from core.workflow.model import Workflow, step_kind
@@ -157,6 +163,9 @@ class Admitter:
     async def _attempt(
         self, caller: Caller, workflow: Workflow, digest: str, identity: str, value: Any
     ) -> StartResult:
+        created = await self._create_checked(caller, workflow, digest, identity, value)
+        if created is not None:
+            return created  # the common case, in one statement
         q = self.store.queries
         activation = self.store.activation
         assert activation is not None  # checked by _active
@@ -196,6 +205,39 @@ class Admitter:
             )
             return StartResult(created=True, run_id=run_id, status=RunRecord.from_row(row).status())
 
+    async def _create_checked(
+        self, caller: Caller, workflow: Workflow, digest: str, identity: str, value: Any
+    ) -> StartResult | None:
+        """A new run of a valid input written by one statement that also makes every check
+        of the lookup transaction (hold, activation serial, identity unknown and not
+        erased); ``None`` when the input is invalid or a check did not pass — nothing was
+        written, and the lookup transaction answers with the right refusal or run."""
+        activation = self.store.activation
+        assert activation is not None  # checked by _active
+        try:
+            input_errors(workflow, value)
+        except CoordinatorError:
+            return None
+        plaintext = canonical_input(value)
+        keyed = input_digest(self._admission_key, plaintext)
+        run_id = derive.run_id(self._admission_key, identity)
+        async with statement(self.store) as conn:
+            row = await self._insert(
+                conn,
+                caller,
+                workflow,
+                digest,
+                run_id,
+                identity,
+                keyed,
+                plaintext,
+                activation_serial=activation.serial,
+            )
+        if row is None:
+            return None
+        return StartResult(created=True, run_id=run_id, status=RunRecord.from_row(row).status())
+
+    @overload
     async def _insert(
         self,
         conn: asyncpg.Connection,
@@ -206,8 +248,40 @@ class Admitter:
         identity: str,
         keyed_digest: str,
         plaintext: bytes,
-    ) -> asyncpg.Record:
-        """Write the run and everything of it in one statement; answers its run row."""
+    ) -> asyncpg.Record: ...
+
+    @overload
+    async def _insert(
+        self,
+        conn: asyncpg.Connection,
+        caller: Caller,
+        workflow: Workflow,
+        digest: str,
+        run_id: str,
+        identity: str,
+        keyed_digest: str,
+        plaintext: bytes,
+        *,
+        activation_serial: int,
+    ) -> asyncpg.Record | None: ...
+
+    async def _insert(
+        self,
+        conn: asyncpg.Connection,
+        caller: Caller,
+        workflow: Workflow,
+        digest: str,
+        run_id: str,
+        identity: str,
+        keyed_digest: str,
+        plaintext: bytes,
+        *,
+        activation_serial: int | None = None,
+    ) -> asyncpg.Record | None:
+        """Write the run and everything of it in one statement; answers its run row.
+
+        With ``activation_serial`` the statement also checks what the lookup would have
+        (``admission_run_create_checked``) and answers ``None`` when a check fails."""
         config = self.runtime.config
         connections = []
         for name in sorted(workflow.connections):
@@ -217,8 +291,13 @@ class Admitter:
             connections.append((name, connection))
         sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
         first = workflow.step(workflow.start)
+        checked = activation_serial is not None
+        query = self.store.queries[
+            "admission_run_create_checked" if checked else "admission_run_create"
+        ]
+        extra = (activation_serial,) if checked else ()
         row: asyncpg.Record | None = await conn.fetchrow(
-            self.store.queries["admission_run_create"],
+            query,
             run_id,
             workflow.id,
             digest,
@@ -241,8 +320,9 @@ class Admitter:
             keyed_digest,
             workflow.start,
             step_kind(first),
+            *extra,
         )
-        if row is None:  # an INSERT ... RETURNING of one row always answers it
+        if row is None and not checked:  # an INSERT ... RETURNING of one row answers it
             raise CoordinatorError(Code.INTERNAL, "the new run was not answered")
         return row
 
