@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import select
 import ssl
 import time
@@ -43,6 +44,7 @@ import httptools
 import httpx
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_UNSAFE = re.compile(rb"[\r\n\x00]")
 
 
 class _Connection(asyncio.Protocol):
@@ -212,6 +214,10 @@ class Http11Transport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout", {})
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme])
         body = await request.aread()
+        for name, value in request.headers.raw:
+            if _UNSAFE.search(name) or _UNSAFE.search(value):
+                # What h11 refuses too (a header line break would forge another header).
+                raise httpx.LocalProtocolError("a header name or value contains a line break")
         head = b"".join(
             [
                 request.method.encode("ascii"),

@@ -343,3 +343,11 @@ def test_the_transport_works_on_uvloop_as_the_components_run_it() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(exchange()) == (202, 1)
+
+
+async def test_a_header_with_a_line_break_is_never_written(serve: Serve) -> None:
+    server, url = await serve(answering(OK))
+    async with client() as http:
+        with pytest.raises(httpx.LocalProtocolError):
+            await http.post(url, content=b"{}", headers={"X-Note": "a\r\nX-Forged: 1"})
+    assert server.requests == []
