@@ -43,6 +43,8 @@ CREATE TABLE {SCHEMA}.step (
     state              text NOT NULL DEFAULT 'ready',
     attempts           integer NOT NULL DEFAULT 0,
     effect             text,
+    cause              text,
+    cause_status       integer,
     command_payload_id bigint,
     command_key        text,
     prepared_at        timestamptz,

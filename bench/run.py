@@ -49,6 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import httpx
 
@@ -66,7 +67,6 @@ from core.db.connect import connect
 from core.workflow.package import build_package
 from devstack.postgres import DatabaseHandle, PostgresServer
 from devstack.stack import LocalStack
-from dispatcher.http11 import Http11Transport
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "var" / "bench"
@@ -217,28 +217,32 @@ class Bench:
             await asyncio.sleep(0.02)
         raise TimeoutError(f"only {await self.ended_runs()} of {total} runs ended in {timeout} s")
 
-    async def start(self, client: httpx.AsyncClient, label: str) -> tuple[str | None, float]:
+    async def start(self, client: aiohttp.ClientSession, label: str) -> tuple[str | None, float]:
         """One start through the API; answers (run id or None, seconds until answered)."""
         began = time.perf_counter()
-        answer = await client.post(
+        async with client.post(
             f"{self.stack.url}/v1/workflows/{WORKFLOW}/runs",
             json={"input": {"recipientRef": label}},
             headers={
                 "Authorization": f"Bearer {self.token}",
                 "Idempotency-Key": f"bench-{uuid.uuid4().hex}",
             },
-        )
+        ) as answer:
+            body = await answer.read()
         elapsed = time.perf_counter() - began
-        if answer.status_code != 201:
-            sys.stderr.write(f"bench: a start answered {answer.status_code}\n")
+        if answer.status != 201:
+            sys.stderr.write(f"bench: a start answered {answer.status}\n")
             return None, elapsed
-        return str(answer.json()["runId"]), elapsed
+        return str(json.loads(body)["runId"]), elapsed
 
-    def client(self, connections: int) -> httpx.AsyncClient:
-        # The dispatcher's lean HTTP/1.1 transport: the client shares the 2 cores with the
-        # stack, and httpx's own transport cost it ~3 ms of CPU per start.
-        transport = Http11Transport(max_connections=connections)
-        return httpx.AsyncClient(timeout=30.0, transport=transport)
+    def client(self, connections: int) -> aiohttp.ClientSession:
+        # aiohttp, as the dispatcher uses: the client shares the 2 cores with the stack, and
+        # httpx's own transport cost it ~3 ms of CPU per start.
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(total=30.0),
+            trust_env=False,
+        )
 
     # -------------------------------------------------------------------------- phases
 
@@ -260,7 +264,7 @@ class Bench:
         errors = 0
         ids: list[str] = []
 
-        async def one(client: httpx.AsyncClient, index: int) -> None:
+        async def one(client: aiohttp.ClientSession, index: int) -> None:
             nonlocal errors
             async with gate:
                 run_id, _ = await self.start(client, f"t-{index}")
@@ -309,7 +313,7 @@ class Bench:
         lags: list[float] = []
         errors = 0
 
-        async def one(client: httpx.AsyncClient, index: int) -> None:
+        async def one(client: aiohttp.ClientSession, index: int) -> None:
             nonlocal errors
             wall = time.time()
             run_id, elapsed = await self.start(client, f"l-{index}")

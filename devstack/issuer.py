@@ -2,8 +2,9 @@
 
 It does only what the coordinator and the stand-ins need from an issuer (CONTRACT §9.3,
 §14): discovery, a JWKS, and a token endpoint for the client credentials grant where the
-client proves itself with ``private_key_jwt`` (RFC 7523) and names one ``resource``
-(RFC 8707). Tokens are RFC 9068 JWT access tokens.
+client proves itself with ``private_key_jwt`` (RFC 7523; the assertion's ``aud`` is the token
+endpoint URL or the issuer identifier) and names one ``resource`` (RFC 8707). Tokens are
+RFC 9068 JWT access tokens.
 
 The signing key lives in a state folder (:class:`IssuerState`) so that a running issuer and
 ``python -m devstack.mint`` sign with the same key, and tokens minted for operators and
@@ -154,7 +155,7 @@ class IssuerState:
 
     @property
     def token_endpoint(self) -> str:
-        """The token endpoint URL, exactly as client assertions must name it in ``aud``."""
+        """The token endpoint URL; a client assertion's ``aud`` names it or :attr:`issuer`."""
         return self.issuer.rstrip("/") + "/token"
 
     @property
@@ -434,8 +435,12 @@ class DevIssuer:
             raise _OAuthError("invalid_client", "the assertion signature is invalid", 401) from exc
         if claims.get("sub") != client.client_id:
             raise _OAuthError("invalid_client", "the assertion sub must equal iss", 401)
-        if claims.get("aud") != self.state.token_endpoint:
-            raise _OAuthError("invalid_client", "the assertion aud must be the token endpoint", 401)
+        if not self._names_this_issuer(claims.get("aud")):
+            raise _OAuthError(
+                "invalid_client",
+                "the assertion aud must be the token endpoint or the issuer identifier",
+                401,
+            )
         exp = claims.get("exp")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             raise _OAuthError("invalid_client", "the assertion has no exp", 401)
@@ -455,6 +460,14 @@ class DevIssuer:
             raise _OAuthError("invalid_client", "the assertion was already used", 401)
         self._seen_jti[(client.client_id, jti)] = float(exp) + self.leeway_seconds
         return client
+
+    def _names_this_issuer(self, aud: object) -> bool:
+        # RFC 7523 lets a client name the token endpoint; FAPI 2.0 (and RFC 7523bis) want the
+        # issuer identifier. The coordinator sends either, as clientAssertionAudience says.
+        accepted = {self.state.token_endpoint, self.state.issuer}
+        if isinstance(aud, str):
+            return aud in accepted
+        return isinstance(aud, list) and any(isinstance(v, str) and v in accepted for v in aud)
 
     def _forget_expired(self, now: float) -> None:
         # An expired assertion is refused on its exp alone, so its jti need not be kept.

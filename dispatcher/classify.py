@@ -10,8 +10,16 @@ this command?":
 - ``refused``: 400, 401, 403, 404, 409 or 422 — the product looked at the command and said
   no. (The caller handles 401's one resend with a fresh token.)
 - ``uncertain``: anything else, including a 2xx whose body cannot be read, a 5xx other than
-  the retryable 503, a timeout or reset after the request went out. Nobody can tell whether
-  it was processed, so it is never resent automatically.
+  the retryable 503, a timeout or reset after the request went out, an answer that breaks
+  HTTP/1.1 framing or is too large. Nobody can tell whether it was processed, so it is
+  never resent automatically. Each carries a ``cause`` (CONTRACT §8.4) the step records.
+- ``unsendable``: the request was refused here before a byte was written (a header with a
+  line break, a URL the client cannot send to). It was never sent and never will be: the
+  run fails ``invalid-command``.
+
+What the HTTP client reports, and what each means, is the table
+:data:`core.products.http.FAILURES`; only a failure proven to happen before the request's
+first byte left (the connection never existed) is retryable.
 
 ``reason`` strings name the status and problem code or the failure class only; they never
 quote a body, since a product's answer may carry personal data.
@@ -25,25 +33,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
-
 from core.canonical import parse_json
+from core.products.http import UNREADABLE_ANSWER, UNSENDABLE, ExchangeFailure
 
 ACCEPTED: Final = "accepted"
 RETRYABLE: Final = "retryable"
 REFUSED: Final = "refused"
 UNCERTAIN: Final = "uncertain"
+NOT_SENDABLE: Final = "unsendable"
 RESULTS: Final = (ACCEPTED, RETRYABLE, REFUSED, UNCERTAIN)
+STATUS_5XX: Final = "status-5xx"
+LEASE_EXPIRED: Final = "lease-expired"
+"""The cause of a step found prepared with no dispatcher left to say whether it was sent."""
 
 REFUSAL_STATUSES: Final = frozenset({400, 401, 403, 404, 409, 422})
 RETRYABLE_PROBLEM: Final = "service.unavailable"
 _CODE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-# Failures raised before a single byte of the request left: the connection never existed
-# (refused, DNS, TLS handshake, connect timeout) or no pooled connection was free.
-_NEVER_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-# Failures of building the request itself, also before anything was sent.
-_NOT_BUILT: Final = (httpx.UnsupportedProtocol, httpx.InvalidURL)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,13 @@ class Classified:
     """The HTTP status, when there was an answer."""
     response: dict[str, Any] | None = None
     """The parsed body of an accepted answer."""
+    cause: str | None = None
+    """Why an uncertain result is uncertain (CONTRACT §8.4); None for the others."""
+
+    @property
+    def cause_status(self) -> int | None:
+        """The status a ``status-5xx`` cause names."""
+        return self.status if self.cause == STATUS_5XX else None
 
 
 def _json(body: bytes) -> Any:
@@ -82,7 +94,12 @@ def classify_answer(status: int, body: bytes) -> Classified:
         document = _json(body)
         if isinstance(document, dict):
             return Classified(ACCEPTED, f"{status}", status, document)
-        return Classified(UNCERTAIN, f"{status} with a body that is not a JSON object", status)
+        return Classified(
+            UNCERTAIN,
+            f"{status} with a body that is not a JSON object",
+            status,
+            cause=UNREADABLE_ANSWER,
+        )
     if status == 429:
         return Classified(RETRYABLE, "429", status)
     if status == 503:
@@ -91,22 +108,23 @@ def classify_answer(status: int, body: bytes) -> Classified:
             return Classified(RETRYABLE, f"503 {RETRYABLE_PROBLEM}", status)
         # A 503 from something else on the path (a proxy, a draining server) does not
         # promise that the product left the command alone.
-        return Classified(UNCERTAIN, "503 without service.unavailable", status)
+        return Classified(UNCERTAIN, "503 without service.unavailable", status, cause=STATUS_5XX)
     if status in REFUSAL_STATUSES:
         code = _problem_code(body)
         return Classified(REFUSED, f"{status} {code}" if code else f"{status}", status)
-    return Classified(UNCERTAIN, f"{status}", status)
+    # A redirect, an interim or an unknown status: no answer this classification can read.
+    cause = STATUS_5XX if 500 <= status <= 599 else UNREADABLE_ANSWER
+    return Classified(UNCERTAIN, f"{status}", status, cause=cause)
 
 
-def classify_failure(error: BaseException) -> Classified:
+def classify_failure(error: ExchangeFailure) -> Classified:
     """Classify a failure to get an answer at all."""
-    if isinstance(error, _NEVER_SENT):
-        return Classified(RETRYABLE, f"never connected ({type(error).__name__})")
-    if isinstance(error, _NOT_BUILT):
-        return Classified(RETRYABLE, f"request not sent ({type(error).__name__})")
-    # Read/write timeouts, resets and protocol errors all happen on an established
-    # connection: the request may have reached the product.
-    return Classified(UNCERTAIN, f"no answer ({type(error).__name__})")
+    if not error.sent:
+        if error.cause == UNSENDABLE:
+            return Classified(NOT_SENDABLE, "refused before sending")
+        return Classified(RETRYABLE, f"not sent ({error.cause})")
+    # The request may have reached the product.
+    return Classified(UNCERTAIN, f"no answer ({error.cause})", cause=error.cause)
 
 
 def retry_delay(

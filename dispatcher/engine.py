@@ -23,23 +23,22 @@ import contextlib
 import logging
 import random
 import time
-import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import asyncpg
-import httpx
 
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
+from core.products.calls import ConnectionCalls
+from core.products.http import Exchanger, ProductHttp, keepalive_seconds
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
 from core.workflow.stored import WorkflowCache
 from dispatcher.claim import Claimed, Claimer, Listener
 from dispatcher.crash_points import CrashPoints, NoCrash
-from dispatcher.http11 import Http11Transport
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.run_view import load_claimed
 from dispatcher.settings import DispatchSettings
@@ -50,28 +49,15 @@ from dispatcher.tx import Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
-# A product that never answers is cut off by the read timeout (the call becomes uncertain);
-# connecting is short so that an unreachable product is a quick, definite retry.
-PRODUCT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=5.0)
 STORE_WAIT_SECONDS = 1.0
 # Recording a given-back step; with the shutdown budget this keeps a stop under ~10 s.
 GIVE_BACK_SECONDS = 2.0
 
 
-def product_client(transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    """The HTTP client for products and the issuer (explicit connect/read/write timeouts).
-
-    Without a transport given, it is :class:`dispatcher.http11.Http11Transport` — unless the
-    environment names an HTTP proxy, which only httpx's own transport goes through.
-    """
-    if transport is None and not _proxy_configured():
-        transport = Http11Transport()
-    return httpx.AsyncClient(timeout=PRODUCT_TIMEOUT, transport=transport, follow_redirects=False)
-
-
-def _proxy_configured() -> bool:
-    proxies = urllib.request.getproxies()
-    return any(scheme in proxies for scheme in ("http", "https", "all"))
+def product_client(environ: Mapping[str, str]) -> ProductHttp:
+    """The HTTP client for products and the issuer (see :mod:`core.products.http`), with
+    the keep-alive ``environ`` sets."""
+    return ProductHttp(keepalive_seconds=keepalive_seconds(environ))
 
 
 async def _cancel_abandoned(tx: Tx) -> bool:
@@ -91,7 +77,8 @@ class Dispatcher:
         keyring: Keyring,
         admission_key: bytes,
         tokens: ConnectionTokens,
-        http: httpx.AsyncClient,
+        http: Exchanger,
+        calls: ConnectionCalls,
         settings: DispatchSettings | None = None,
         metrics: DispatchMetrics | None = None,
         owner: str | None = None,
@@ -117,6 +104,7 @@ class Dispatcher:
             admission_key=admission_key,
             tokens=tokens,
             http=http,
+            calls=calls,
             stopping=lambda: self.stopping,
             jitter=jitter,
             crash_points=crash_points or NoCrash(),
@@ -141,7 +129,7 @@ class Dispatcher:
     def from_store(
         cls,
         store: Store,
-        http: httpx.AsyncClient,
+        http: Exchanger,
         *,
         settings: DispatchSettings | None = None,
         metrics: DispatchMetrics | None = None,
@@ -158,6 +146,7 @@ class Dispatcher:
             admission_key=runtime.resolver.read_key(config.deployment.admission_key_ref),
             tokens=ConnectionTokens(config, runtime.resolver, http),
             http=http,
+            calls=ConnectionCalls(config, runtime.resolver),
             settings=settings,
             metrics=metrics,
             owner=owner,

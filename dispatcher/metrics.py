@@ -137,8 +137,14 @@ class DispatchMetrics:
             "Time from a run's admission to the sending of its first command.",
             ADMISSION_BUCKETS,
         )
+        self.token_refusals = Counter(
+            "coordinator_token_refusals_total",
+            "Token requests the issuer refused (or answered with narrower scopes), per "
+            "connection type; nothing is sent with such a token.",
+        )
         for connection_type in CONNECTION_TYPES:
             self.call_duration.touch((("connection_type", connection_type),))
+            self.token_refusals.touch((("connection_type", connection_type),))
         self.admission_to_dispatch.touch()
 
     @staticmethod
@@ -151,6 +157,10 @@ class DispatchMetrics:
         self.calls.inc(self.call_labels(connection_type, result))
         self.call_duration.observe(seconds, (("connection_type", connection_type),))
 
+    def record_token_refusal(self, connection_type: str) -> None:
+        """Count one refused token request of a call."""
+        self.token_refusals.inc((("connection_type", connection_type),))
+
     def record_first_dispatch(self, seconds: float) -> None:
         """Observe a run's admission-to-first-command time."""
         self.admission_to_dispatch.observe(max(seconds, 0.0))
@@ -158,6 +168,11 @@ class DispatchMetrics:
     def render(self) -> str:
         """Every series as Prometheus text, ending with a newline."""
         lines: list[str] = []
-        for metric in (self.calls, self.call_duration, self.admission_to_dispatch):
+        for metric in (
+            self.calls,
+            self.call_duration,
+            self.admission_to_dispatch,
+            self.token_refusals,
+        ):
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"

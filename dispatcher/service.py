@@ -59,7 +59,7 @@ async def serve(
     metrics = DispatchMetrics()
     grpc_server = server(runtime.endpoints, "dispatcher")
     pb_grpc.add_DispatcherServicer_to_server(DispatcherService(store, metrics), grpc_server)
-    http = product_client()
+    http = product_client(os.environ)
     try:
         await store.open()
         await store.verify()
@@ -87,5 +87,5 @@ async def serve(
         with contextlib.suppress(Exception):
             await grpc_server.stop(grace=GRPC_STOP_GRACE_SECONDS)
         with contextlib.suppress(Exception):
-            await http.aclose()
+            await http.close()
         await store.close()

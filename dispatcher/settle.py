@@ -282,6 +282,35 @@ class Settler:
                 delay,
             )
 
+    async def token_refused(self, claimed: Claimed, *, delay: float, deadline_seconds: int) -> None:
+        """The issuer refused the step's access token, so nothing was sent: the step is
+        ready again in ``delay`` seconds (no later than its deadline) with cause
+        ``token-refused``, and the run gets attention (§8.4). The first refusal starts the
+        ``deadline_seconds`` clock a first attempt would have started. Nothing is written
+        when the lease is no longer ours."""
+        async with statement(self.store) as conn:
+            await conn.fetchrow(
+                self.store.queries["dispatcher_step_token_refused"],
+                claimed.run_id,
+                claimed.step_id,
+                self.owner,
+                delay,
+                deadline_seconds,
+            )
+
+    async def record_token_refusal(self, connection: str, error: str) -> None:
+        """Remember for doctor that the issuer refused ``connection``'s token with the OAuth
+        error code ``error`` (e.g. ``invalid_client``; never the issuer's description)."""
+        async with statement(self.store) as conn:
+            await conn.execute(
+                self.store.queries["dispatcher_token_refusal_record"], connection, error
+            )
+
+    async def clear_token_refusal(self, connection: str) -> None:
+        """Forget ``connection``'s recorded refusal: the issuer granted it a token."""
+        async with statement(self.store) as conn:
+            await conn.execute(self.store.queries["dispatcher_token_refusal_clear"], connection)
+
     async def release(self, claimed: Claimed, delay: float = 0.0) -> str | None:
         """Give the lease up without an outcome; a prepared step becomes uncertain.
 

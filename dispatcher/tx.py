@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -28,6 +28,21 @@ from core.payloads import seal_json
 from core.runtime import Store
 from core.workflow.model import Workflow, step_kind
 from dispatcher.claim import Claimed
+
+UNCERTAIN_CAUSES: Final = frozenset(
+    {
+        "timeout-after-send",
+        "connection-lost",
+        "status-5xx",
+        "unreadable-answer",
+        "framing-violation",
+        "answer-too-large",
+        "lease-expired",
+    }
+)
+"""Why a call the dispatcher settles as uncertain has an unknown effect (CONTRACT §8.4;
+``step.cause`` in schema.sql). ``restore-snapshot`` is recovery's and ``token-refused``
+belongs to a step that sent nothing, so neither is one."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class Prepared:
     attempts: int
     first_of_run: bool
     since_admission: float
+    deadline_in: float | None = None
+    """Seconds left until the step's deadline: no exchange may run past it."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Prepared:
@@ -53,6 +70,7 @@ class Prepared:
             attempts=int(row["attempts"]),
             first_of_run=bool(row["first_of_run"]),
             since_admission=float(row["since_admission"] or 0.0),
+            deadline_in=None if row["deadline_in"] is None else float(row["deadline_in"]),
         )
 
 
@@ -286,10 +304,22 @@ class Tx:
             )
         return None if row is None else Prepared.from_row(row)
 
-    async def uncertain(self) -> None:
-        """The command may have been processed: the step waits for an operator, run held."""
+    async def uncertain(self, cause: str, cause_status: int | None = None) -> None:
+        """The command may have been processed: the step waits for an operator, run held.
+
+        ``cause`` says how the answer went missing (one of :data:`UNCERTAIN_CAUSES`);
+        ``cause_status`` is the product's status, given with ``status-5xx`` only.
+        """
+        if cause not in UNCERTAIN_CAUSES:
+            raise ValueError(f"not a cause of an uncertain step: {cause!r}")
+        if cause_status is not None and cause != "status-5xx":
+            raise ValueError("a cause status goes with status-5xx only")
         await self._conn.execute(
-            self._queries["dispatcher_step_uncertain"], self._run_id, self._step_id
+            self._queries["dispatcher_step_uncertain"],
+            self._run_id,
+            self._step_id,
+            cause,
+            cause_status,
         )
         await self._conn.execute(self._queries["dispatcher_run_hold"], self._run_id)
         # The run keeps its attention (the step stays unknown), even once it is cancelled.

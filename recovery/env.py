@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from core.crypto import Keyring, keyring_from_config
+from core.products.calls import ConnectionCalls
+from core.products.http import Exchanger
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.workflow.stored import WorkflowCache
@@ -32,7 +32,9 @@ class RecoveryEnv:
     """Derives command keys: a step leased but never prepared has none stored, yet the
     holder may have sent it under the key every attempt of that step carries."""
     tokens: ConnectionTokens
-    http: httpx.AsyncClient
+    http: Exchanger
+    calls: ConnectionCalls
+    """Each connection's exchange deadline and TLS trust, for receipt reads."""
     recovery_only: bool
     """True under ``--recovery-only``: nothing is dispatched, so retry-same is refused."""
     workflows: WorkflowCache = field(default_factory=WorkflowCache)
@@ -45,9 +47,7 @@ class RecoveryEnv:
         return self.store.runtime.config.namespace
 
     @classmethod
-    def from_store(
-        cls, store: Store, http: httpx.AsyncClient, *, recovery_only: bool
-    ) -> RecoveryEnv:
+    def from_store(cls, store: Store, http: Exchanger, *, recovery_only: bool) -> RecoveryEnv:
         """The environment of the store's runtime file: its state keys and connections."""
         runtime = store.runtime
         return cls(
@@ -56,5 +56,6 @@ class RecoveryEnv:
             admission_key=runtime.resolver.read_key(runtime.config.deployment.admission_key_ref),
             tokens=ConnectionTokens(runtime.config, runtime.resolver, http),
             http=http,
+            calls=ConnectionCalls(runtime.config, runtime.resolver),
             recovery_only=recovery_only,
         )

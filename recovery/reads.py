@@ -9,7 +9,7 @@ principal whose runs it may see, and the SQL never shows anything outside that s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -25,9 +25,9 @@ from core.runs import (
     Holds,
     OperatorActionRecord,
     RunRecord,
+    StepRecord,
     inspection_document,
     read_run,
-    read_steps,
 )
 from core.runtime import Store
 
@@ -76,7 +76,7 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         run = await read_run(conn, q, run_id)
         if run is None:
             raise _not_found()
-        steps = await read_steps(conn, q, run_id)
+        step_rows = await conn.fetch(q["run_steps"], run_id)
         hold = await conn.fetchrow(q["recovery_holds"])
         actions = await conn.fetch(q["recovery_operator_actions"], run_id, OPERATOR_ACTIONS_SHOWN)
         conflicts = await run_conflicts(conn, q, store.runtime.config, run_id)
@@ -86,13 +86,34 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         else Holds(False, False)
     )
     document = inspection_document(
-        run, steps, holds, [OperatorActionRecord.from_row(row) for row in actions]
+        run,
+        [StepRecord.from_row(row) for row in step_rows],
+        holds,
+        [OperatorActionRecord.from_row(row) for row in actions],
     )
+    causes = {row["step_id"]: row for row in step_rows if row["cause"] is not None}
+    document["steps"] = [_with_cause(step, causes.get(step["step"])) for step in document["steps"]]
     if conflicts:
         # Only a recovery-only instance serves while a live binding changed (§9.7).
         document["bindingConflict"] = True
         document["conflictingConnections"] = conflicts
     return document
+
+
+def _with_cause(step: dict[str, Any], row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An inspection step with ``cause`` (and ``causeStatus``) after its effect, when the
+    step records why its effect is unknown or why it sent nothing (§8.4). Only the code and
+    a status: never a URL, header, body or value."""
+    if row is None:
+        return step
+    shown: dict[str, Any] = {}
+    for name, value in step.items():
+        if name in ("wait", "startedAt") and "cause" not in shown:
+            shown["cause"] = row["cause"]
+            if row["cause_status"] is not None:
+                shown["causeStatus"] = int(row["cause_status"])
+        shown[name] = value
+    return shown
 
 
 # ----------------------------------------------------------------------------------- lists
@@ -186,6 +207,7 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
         await clock.apply_to(conn)  # dueJobs compares with SQL now()
         row = await conn.fetchrow(q["recovery_doctor"])
         versions = [int(r["version"]) for r in await conn.fetch(q["state_key_versions_in_use"])]
+        refusals = await conn.fetch(q["recovery_token_refusals"])
     if row is None:
         raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "the namespace records no deployment")
     activation = store.activation
@@ -209,6 +231,8 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
             "waiting": int(row["waiting"]),
             "stateKeyVersionsInUse": versions,
         },
+        # The connection's name and the issuer's error code only (§8.6).
+        "tokenRefusals": [{"connection": r["connection"], "error": r["error"]} for r in refusals],
         "mode": "recovery-only" if recovery_only else "ordinary",
     }
 

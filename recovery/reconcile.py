@@ -79,8 +79,14 @@ async def _read(env: RecoveryEnv, call: HeldCall, binding: Binding, key: str) ->
         url = receipt_url(binding.base_url, call.operation, binding.profile, key)
     except ValueError:
         return Receipt(UNAVAILABLE, "the connection's profile is unfit for a URL path")
+    connection = call.definition.connection
     return await read_receipt(
-        env.http, env.tokens, call.definition.connection, url, timeout=RECEIPT_TIMEOUT_SECONDS
+        env.http,
+        env.tokens,
+        connection,
+        url,
+        timeout=env.calls.timeout(connection, RECEIPT_TIMEOUT_SECONDS),
+        tls=env.calls.tls(connection),
     )
 
 

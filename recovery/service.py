@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Final
 
 import grpc
-import httpx
 
 from core.bindings import verify_live_bindings
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.products.http import ProductHttp, keepalive_seconds
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -169,7 +170,7 @@ async def serve(
     if audit_channel is not None:
         audit_ready = audit_probe_over_grpc(pb_grpc.AuditStub(audit_channel))
     assert audit_ready is not None
-    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=5.0))
+    http = ProductHttp(keepalive_seconds=keepalive_seconds(os.environ))
     env = RecoveryEnv.from_store(store, http, recovery_only=runtime.recovery_only)
     service = RecoveryService(
         store, recovery_only=runtime.recovery_only, audit_ready=audit_ready, env=env
@@ -194,5 +195,5 @@ async def serve(
             await grpc_server.stop(grace=2.0)
         if audit_channel is not None:
             await audit_channel.close()
-        await http.aclose()
+        await http.close()
         await store.close()

@@ -15,9 +15,12 @@ from pathlib import Path
 from core import yamlsafe
 from core.config import reader as r
 from core.config.model import (
+    ASSERTION_AUDIENCE_TOKEN_ENDPOINT,
     CASEWORK,
+    CLIENT_ASSERTION_AUDIENCES,
     CONNECTION_TYPES,
     DEFAULT_ALGORITHMS,
+    DEFAULT_CALL_TIMEOUT_SECONDS,
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_RESULT_CHECK_SECONDS,
     DEPLOYMENT_ACTIONS,
@@ -369,7 +372,7 @@ def _authentication(value: object, path: str, providers: SecretProviders) -> Aut
         value,
         path,
         required=("issuer", "audience", "signingKeys", "policies"),
-        optional=("algorithms", "clockSkewSeconds"),
+        optional=("algorithms", "clockSkewSeconds", "clientAssertionAudience"),
     )
     keys_path = key(path, "signingKeys")
     keys = r.mapping(block["signingKeys"], keys_path, optional=("jwksUrl", "jwksRef"))
@@ -389,6 +392,14 @@ def _authentication(value: object, path: str, providers: SecretProviders) -> Aut
     skew = DEFAULT_CLOCK_SKEW_SECONDS
     if "clockSkewSeconds" in block:
         skew = r.integer(block["clockSkewSeconds"], key(path, "clockSkewSeconds"), low=0, high=300)
+    assertion_audience = ASSERTION_AUDIENCE_TOKEN_ENDPOINT
+    if "clientAssertionAudience" in block:
+        assertion_path = key(path, "clientAssertionAudience")
+        assertion_audience = r.string(block["clientAssertionAudience"], assertion_path)
+        if assertion_audience not in CLIENT_ASSERTION_AUDIENCES:
+            raise ConfigInvalid(
+                assertion_path, "must be " + " or ".join(CLIENT_ASSERTION_AUDIENCES)
+            )
     audience = r.string(block["audience"], key(path, "audience"), max_bytes=2048)
     return Authentication(
         issuer=r.url(block["issuer"], key(path, "issuer")),
@@ -397,6 +408,7 @@ def _authentication(value: object, path: str, providers: SecretProviders) -> Aut
         algorithms=algorithms,
         clock_skew_seconds=skew,
         policies=_policies(block["policies"], key(path, "policies")),
+        client_assertion_audience=assertion_audience,
     )
 
 
@@ -522,7 +534,7 @@ def _connection(name: str, value: object, path: str, providers: SecretProviders)
         value,
         path,
         required=("type", "baseUrl", "profile", "authorization"),
-        optional=_CASEWORK_ONLY,
+        optional=(*_CASEWORK_ONLY, "callTimeoutSeconds", "trustedRootCertificateRef"),
     )
     kind = r.string(block["type"], key(path, "type"), max_bytes=64)
     if kind not in CONNECTION_TYPES:
@@ -543,6 +555,16 @@ def _connection(name: str, value: object, path: str, providers: SecretProviders)
             result_check = r.integer(
                 block["resultCheckSeconds"], key(path, "resultCheckSeconds"), low=60, high=86400
             )
+    call_timeout = DEFAULT_CALL_TIMEOUT_SECONDS
+    if "callTimeoutSeconds" in block:
+        call_timeout = r.integer(
+            block["callTimeoutSeconds"], key(path, "callTimeoutSeconds"), low=1, high=300
+        )
+    root_ref = None
+    if "trustedRootCertificateRef" in block:
+        root_ref = r.reference(
+            block["trustedRootCertificateRef"], key(path, "trustedRootCertificateRef"), providers
+        )
     return Connection(
         name=name,
         type=kind,
@@ -557,6 +579,8 @@ def _connection(name: str, value: object, path: str, providers: SecretProviders)
         producer=producer,
         completion=completion,
         result_check_seconds=result_check,
+        call_timeout_seconds=call_timeout,
+        trusted_root_certificate_ref=root_ref,
     )
 
 

@@ -42,7 +42,13 @@ TLS_TERMINATION: Final = "operator-controlled-upstream"
 
 DEFAULT_CLOCK_SKEW_SECONDS: Final = 60
 DEFAULT_RESULT_CHECK_SECONDS: Final = 900
+DEFAULT_CALL_TIMEOUT_SECONDS: Final = 30
 DEFAULT_ALGORITHMS: Final = ("RS256", "ES256")
+
+ASSERTION_AUDIENCE_TOKEN_ENDPOINT: Final = "token-endpoint"  # noqa: S105 - a setting, not a secret
+ASSERTION_AUDIENCE_ISSUER: Final = "issuer"
+CLIENT_ASSERTION_AUDIENCES: Final = (ASSERTION_AUDIENCE_TOKEN_ENDPOINT, ASSERTION_AUDIENCE_ISSUER)
+"""Accepted ``authentication.clientAssertionAudience`` values; the first is the default."""
 
 INTERNAL_COMPONENTS: Final = ("admission", "dispatcher", "recovery", "auditd")
 """Components that may be given an internal TCP address."""
@@ -207,6 +213,10 @@ class Authentication:
     """Leeway for ``exp``/``iat``/``nbf``, 0..300; default 60."""
     policies: Mapping[str, Policy]
     """Policies keyed by ``client_id``."""
+    client_assertion_audience: str = ASSERTION_AUDIENCE_TOKEN_ENDPOINT
+    """What the connections' client assertions put in ``aud``: ``token-endpoint`` (the token
+    endpoint URL from discovery) or ``issuer`` (the issuer identifier, as FAPI 2.0 issuers
+    want)."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +303,12 @@ class Connection:
     """Casework only, optional: completion events."""
     result_check_seconds: int | None
     """Casework only: seconds between review result reads, 60..86400 (default 900)."""
+    call_timeout_seconds: int = DEFAULT_CALL_TIMEOUT_SECONDS
+    """One bound, 1..300 (default 30), on a whole exchange with the product: connect, write
+    the request, read the complete answer. A call step's ``deadlineSeconds`` still caps it."""
+    trusted_root_certificate_ref: SecretRef | None = None
+    """Text secret: PEM root(s) to verify the product's TLS certificate with instead of the
+    system roots."""
 
     @property
     def token_audience(self) -> str:
@@ -365,6 +381,13 @@ class RuntimeConfig:
                     (
                         f"connections.{name}.completion.bearerTokenRef",
                         connection.completion.bearer_token_ref,
+                    )
+                )
+            if connection.trusted_root_certificate_ref is not None:
+                refs.append(
+                    (
+                        f"connections.{name}.trustedRootCertificateRef",
+                        connection.trusted_root_certificate_ref,
                     )
                 )
         return tuple(refs)

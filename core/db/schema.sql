@@ -45,9 +45,10 @@
 --                   client identity, issuer, scopes, audience, profile and producer.
 --                   Startup compares live runs' bindings with the runtime file.
 -- step              One row per step a run has reached: type, state, attempts, the prepared
---                   command (payload reference and command key), its effect, the lease of
---                   the dispatcher working on it, when it is due, and a wait's timing.
---                   Dispatch reads the partial index of due, unclaimed work only.
+--                   command (payload reference and command key), its effect and why it is
+--                   unknown, the lease of the dispatcher working on it, when it is due, and
+--                   a wait's timing. Dispatch reads the partial index of due, unclaimed
+--                   work only.
 -- start_identity    The keyed start identity (HMAC with the admission key) of every run whose
 --                   payloads still exist, with a keyed digest of its input to tell a
 --                   repeated start from a conflicting one.
@@ -62,6 +63,9 @@
 --                   each was settled; release-restore-hold waits for all of them.
 -- operator_action   The log of operator actions (kind, reason, time), per run where the
 --                   action concerns one.
+-- token_refusal     The dispatcher's last refused token request per connection (the
+--                   issuer's short error code and when), for doctor; a granted token
+--                   deletes the connection's row.
 --
 -- Notifications. Three channels named after the namespace carry no payload: `<ns>_due`
 -- whenever a step becomes due and unclaimed (idle dispatchers wake on it instead of polling),
@@ -226,6 +230,21 @@ CREATE TABLE {{ns}}.step (
                                         'completed', 'refused', 'failed', 'cancelled')),
     attempts           integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     effect             text CHECK (effect IN ('accepted', 'unknown')),
+    -- why the effect is unknown, for an operator: how the answer went missing (no answer
+    -- after the request was written, the connection lost, a 5xx, an answer that could not
+    -- be read, broke HTTP/1.1 framing or was too large), the dispatcher holding the
+    -- prepared command stopped (lease-expired), or a restore-hold snapshotted the step
+    -- (restore-snapshot). token-refused is the one cause of a step that sent nothing: the
+    -- issuer refused the connection's token, and the step is ready to try again. Kept while
+    -- an operator settles the step and the effect stays unknown; cleared when it becomes
+    -- known or the dispatcher records a fresh outcome. Names no URL, header, body or value.
+    cause              text CHECK (cause IN ('timeout-after-send', 'connection-lost',
+                                             'status-5xx', 'unreadable-answer',
+                                             'framing-violation', 'answer-too-large',
+                                             'lease-expired', 'restore-snapshot',
+                                             'token-refused')),
+    -- status-5xx only: the status the product answered
+    cause_status       integer,
     command_payload_id bigint REFERENCES {{ns}}.payload (id) ON DELETE SET NULL,
     -- the idempotency key every attempt of this call sends
     command_key        text CHECK (length(command_key) BETWEEN 1 AND 255),
@@ -253,7 +272,10 @@ CREATE TABLE {{ns}}.step (
     CHECK (due_at IS NULL OR state IN ('ready', 'prepared', 'waiting')),
     CHECK (step_type = 'call' OR (effect IS NULL AND command_key IS NULL
                                   AND command_payload_id IS NULL)),
-    CHECK (state NOT IN ('completed', 'refused', 'failed', 'cancelled') OR ended_at IS NOT NULL)
+    CHECK (state NOT IN ('completed', 'refused', 'failed', 'cancelled') OR ended_at IS NOT NULL),
+    -- a cause explains an unknown effect; token-refused also stands where nothing was sent
+    CHECK (cause IS NULL OR cause = 'token-refused' OR effect = 'unknown'),
+    CHECK (cause_status IS NULL OR cause = 'status-5xx')
 ) WITH (fillfactor = 70);
 
 -- dispatch: due work nobody holds; ended runs have no due steps, so they never enter it
@@ -338,6 +360,13 @@ CREATE TABLE {{ns}}.operator_action (
 -- inspection: the last operator actions on one run
 CREATE INDEX operator_action_run ON {{ns}}.operator_action (run_id, id DESC)
     WHERE run_id IS NOT NULL;
+
+CREATE TABLE {{ns}}.token_refusal (
+    connection text PRIMARY KEY,
+    -- the issuer's OAuth error code (invalid_client, invalid_scope, …), never its message
+    error      text NOT NULL CHECK (error ~ '^[a-z_-]{1,64}$'),
+    refused_at timestamptz NOT NULL
+);
 
 -- Custody checks must see which state key versions payloads use without a component role
 -- being able to read the ciphertext itself: this runs with its owner's rights and returns

@@ -20,13 +20,13 @@ have judged a stale token. Nothing here logs or raises with a token, a body or a
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-import httpx
-
 from core.canonical import parse_json
 from core.errors import CoordinatorError
+from core.products.http import ExchangeFailure, Exchanger
 from core.products.token_client import TokenUnavailable
 from core.workflow.catalogue import Operation, fill_path
 
@@ -104,16 +104,20 @@ def classify_receipt(status: int, body: bytes) -> Receipt:
     return Receipt(UNAVAILABLE, described, status)
 
 
-async def _get(http: httpx.AsyncClient, url: str, token: str, timeout: float) -> Receipt:
+async def _get(
+    http: Exchanger, url: str, token: str, timeout: float, tls: ssl.SSLContext | None
+) -> Receipt:
     try:
-        answer = await http.get(
+        answer = await http.exchange(
+            "GET",
             url,
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
             timeout=timeout,
+            tls=tls,
         )
-    except httpx.HTTPError as exc:
-        return Receipt(UNAVAILABLE, f"no answer ({type(exc).__name__})")
-    return classify_receipt(answer.status_code, answer.content)
+    except ExchangeFailure as exc:
+        return Receipt(UNAVAILABLE, f"no answer ({exc.cause})")
+    return classify_receipt(answer.status, answer.body)
 
 
 async def _token(tokens: TokenSource, connection: str) -> str | None:
@@ -124,24 +128,25 @@ async def _token(tokens: TokenSource, connection: str) -> str | None:
 
 
 async def read_receipt(
-    http: httpx.AsyncClient,
+    http: Exchanger,
     tokens: TokenSource,
     connection: str,
     url: str,
     *,
     timeout: float,
+    tls: ssl.SSLContext | None = None,
 ) -> Receipt:
     """Read the receipt at ``url`` as ``connection``'s client; never raises for the answer."""
     token = await _token(tokens, connection)
     if token is None:
         return Receipt(UNAVAILABLE, "no access token for the connection")
-    receipt = await _get(http, url, token, timeout)
+    receipt = await _get(http, url, token, timeout, tls)
     if receipt.status == 401:
         tokens.invalidate(connection)
         fresh = await _token(tokens, connection)
         if fresh is None:
             return Receipt(UNAVAILABLE, "401, and no fresh access token")
-        receipt = await _get(http, url, fresh, timeout)
+        receipt = await _get(http, url, fresh, timeout, tls)
     return receipt
 
 

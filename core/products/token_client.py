@@ -7,6 +7,13 @@ and, as one RFC 8707 ``resource``, its audience (the ``baseUrl`` unless configur
 are cached until shortly before they expire; :meth:`TokenClient.invalidate` drops the cached
 one after a product answered 401, so the one resend carries a fresh token.
 
+A definite refusal by the issuer (``invalid_client``, ``invalid_scope``, ``invalid_target``…)
+and a token granting fewer scopes than the connection asked for are both
+:class:`TokenUnavailable` with ``retryable`` False and an ``error`` code: the caller sends
+nothing with such a token, and makes the refusal visible (CONTRACT §8.4 ``token-refused``).
+The client assertion's ``aud`` is the token endpoint URL, or the issuer identifier when
+``deployment.authentication.clientAssertionAudience`` is ``issuer``.
+
 Nothing here logs or raises with a token, an assertion or a key in the message: errors name
 the issuer, the client id and the OAuth error code only.
 """
@@ -14,14 +21,17 @@ the issuer, the client id and the OAuth error code only.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import jwt
+
+from core.products.http import Answer, ExchangeFailure, Exchanger
 
 if TYPE_CHECKING:
     from core.config.model import Connection
@@ -33,6 +43,13 @@ ASSERTION_LIFETIME_SECONDS = 60
 """Lifetime of a client assertion; the contract allows at most 300."""
 DEFAULT_EXPIRES_IN = 60
 """Assumed token lifetime when the issuer's answer gives no ``expires_in``."""
+ISSUER_TIMEOUT_SECONDS = 10.0
+"""The bound on one exchange with the issuer (discovery or a token request)."""
+SCOPE_NARROWED = "scope-narrowed"
+"""The error of a token that grants fewer scopes than the connection's ``scopes``."""
+UNRECOGNISED = "unrecognised-error"
+"""The error of a refusal whose OAuth error code is not one of the known ones."""
+_FORM = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
 _ALGORITHMS = ("ES256", "RS256")
 # OAuth error codes (RFC 6749 §5.2, RFC 8707) safe to repeat in a message.
 _KNOWN_ERRORS = frozenset(
@@ -56,9 +73,12 @@ class TokenUnavailable(Exception):
     configuration problem). The message never holds a token or key.
     """
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, error: str | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.error = error
+        """The issuer's OAuth error code, :data:`SCOPE_NARROWED` or :data:`UNRECOGNISED`, when
+        the issuer definitely refused; never a token or a value."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +91,14 @@ class ClientCredentials:
     scopes: tuple[str, ...]
     audience: str
     """Requested as the one ``resource``; the connection's ``baseUrl`` unless configured."""
+    assertion_audience: str = "token-endpoint"
+    """The client assertion's ``aud``: ``token-endpoint`` (its URL) or ``issuer``."""
 
 
 class IssuerDiscovery:
     """The issuer's OpenID metadata, fetched once and shared by the connections' clients."""
 
-    def __init__(self, http: httpx.AsyncClient, issuer: str) -> None:
+    def __init__(self, http: Exchanger, issuer: str) -> None:
         self._http = http
         self.issuer = issuer
         self._token_endpoint: str | None = None
@@ -94,19 +116,20 @@ class IssuerDiscovery:
     async def _discover(self) -> str:
         url = self.issuer.rstrip("/") + "/.well-known/openid-configuration"
         try:
-            answer = await self._http.get(url, headers={"Accept": "application/json"})
-        except httpx.HTTPError as exc:
+            answer = await self._http.exchange(
+                "GET", url, headers={"Accept": "application/json"}, timeout=ISSUER_TIMEOUT_SECONDS
+            )
+        except ExchangeFailure as exc:
             raise TokenUnavailable(
-                f"issuer {self.issuer}: discovery unreachable ({type(exc).__name__})",
-                retryable=True,
-            ) from exc
-        if answer.status_code != 200:
+                f"issuer {self.issuer}: discovery unreachable ({exc.cause})", retryable=True
+            ) from None
+        if answer.status != 200:
             raise TokenUnavailable(
-                f"issuer {self.issuer}: discovery answered {answer.status_code}",
-                retryable=answer.status_code == 429 or answer.status_code >= 500,
+                f"issuer {self.issuer}: discovery answered {answer.status}",
+                retryable=answer.status == 429 or answer.status >= 500,
             )
         try:
-            metadata = answer.json()
+            metadata = json.loads(answer.body)
             issuer, endpoint = metadata["issuer"], metadata["token_endpoint"]
         except (ValueError, KeyError, TypeError) as exc:
             raise TokenUnavailable(
@@ -126,7 +149,7 @@ class TokenClient:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: Exchanger,
         discovery: IssuerDiscovery,
         credentials: ClientCredentials,
         *,
@@ -174,12 +197,18 @@ class TokenClient:
         self._renew_at = 0.0
 
     def client_assertion(self, token_endpoint: str) -> str:
-        """A fresh RFC 7523 client assertion for ``token_endpoint``."""
+        """A fresh RFC 7523 client assertion for ``token_endpoint`` (or for the issuer,
+        when the credentials say so)."""
         now = int(self._clock())
+        audience = (
+            self._discovery.issuer
+            if self._credentials.assertion_audience == "issuer"
+            else token_endpoint
+        )
         claims = {
             "iss": self._credentials.client_id,
             "sub": self._credentials.client_id,
-            "aud": token_endpoint,
+            "aud": audience,
             "iat": now,
             "exp": now + ASSERTION_LIFETIME_SECONDS,
             "jti": secrets.token_urlsafe(24),
@@ -203,20 +232,27 @@ class TokenClient:
         asked_at = self._clock()
         who = f"client {self._credentials.client_id} at issuer {self._discovery.issuer}"
         try:
-            answer = await self._http.post(
-                endpoint, data=form, headers={"Accept": "application/json"}
+            answer = await self._http.exchange(
+                "POST",
+                endpoint,
+                headers=_FORM,
+                body=urllib.parse.urlencode(form).encode("ascii"),
+                timeout=ISSUER_TIMEOUT_SECONDS,
             )
-        except httpx.HTTPError as exc:
+        except ExchangeFailure as exc:
             raise TokenUnavailable(
-                f"{who}: token endpoint unreachable ({type(exc).__name__})", retryable=True
-            ) from exc
-        if answer.status_code != 200:
+                f"{who}: token endpoint unreachable ({exc.cause})", retryable=True
+            ) from None
+        if answer.status != 200:
+            retryable = answer.status == 429 or answer.status >= 500
+            error = _error_code(answer)
             raise TokenUnavailable(
-                f"{who}: token request refused ({answer.status_code} {_error_code(answer)})",
-                retryable=answer.status_code == 429 or answer.status_code >= 500,
+                f"{who}: token request refused ({answer.status} {error})",
+                retryable=retryable,
+                error=None if retryable else error,
             )
         try:
-            body = answer.json()
+            body = json.loads(answer.body)
             token = body["access_token"]
             token_type = body.get("token_type", "")
             expires_in = body.get("expires_in", DEFAULT_EXPIRES_IN)
@@ -226,25 +262,46 @@ class TokenClient:
         valid_lifetime = isinstance(expires_in, int | float) and not isinstance(expires_in, bool)
         if not isinstance(token, str) or not token or not valid_type or not valid_lifetime:
             raise TokenUnavailable(f"{who}: token answer is malformed", retryable=False)
+        if not token.isascii() or not token.isprintable():
+            # It would go out in a header: a line break there would forge another one.
+            raise TokenUnavailable(f"{who}: token answer is malformed", retryable=False)
+        granted = body.get("scope")
+        if granted is not None:
+            # RFC 6749 §5.1: the issuer names the scopes when they differ from those asked.
+            narrowed = not isinstance(granted, str) or not set(self._credentials.scopes) <= set(
+                granted.split()
+            )
+            if narrowed:
+                raise TokenUnavailable(
+                    f"{who}: the token grants fewer scopes than the connection's scopes",
+                    retryable=False,
+                    error=SCOPE_NARROWED,
+                )
         # Renew a margin before expiry, but never sooner than half-way through a short token.
         lifetime = max(float(expires_in), 0.0)
         self._token = token
         self._renew_at = asked_at + lifetime - min(self._margin, lifetime / 2)
 
 
-def _error_code(answer: httpx.Response) -> str:
+def _error_code(answer: Answer) -> str:
     try:
-        error = answer.json().get("error")
+        error = json.loads(answer.body).get("error")
     except (ValueError, AttributeError):
-        return "no error code"
-    return error if error in _KNOWN_ERRORS else "unrecognised error"
+        return UNRECOGNISED
+    return error if error in _KNOWN_ERRORS else UNRECOGNISED
 
 
-def credentials_for(connection: Connection, private_jwk: Mapping[str, Any]) -> ClientCredentials:
-    """Credentials of a runtime-file connection, given its private JWK (read by the caller)."""
+def credentials_for(
+    connection: Connection,
+    private_jwk: Mapping[str, Any],
+    assertion_audience: str = "token-endpoint",
+) -> ClientCredentials:
+    """Credentials of a runtime-file connection, given its private JWK (read by the caller)
+    and the deployment's ``clientAssertionAudience``."""
     return ClientCredentials(
         client_id=connection.authorization.client_id,
         private_jwk=dict(private_jwk),
         scopes=tuple(connection.authorization.scopes),
         audience=connection.token_audience,
+        assertion_audience=assertion_audience,
     )

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-import httpx
-
 from core.config.model import RuntimeConfig
+from core.products.http import Exchanger
 from core.products.token_client import (
     IssuerDiscovery,
     TokenClient,
@@ -29,7 +28,7 @@ class ConnectionTokens:
         self,
         config: RuntimeConfig,
         resolver: SecretResolver,
-        http: httpx.AsyncClient,
+        http: Exchanger,
         *,
         clients: Mapping[str, TokenClient] | None = None,
     ) -> None:
@@ -39,6 +38,9 @@ class ConnectionTokens:
         self._discovery = IssuerDiscovery(http, config.deployment.authentication.issuer)
         self._clients: dict[str, TokenClient] = dict(clients or {})
         self._lock = asyncio.Lock()
+        self.confirmed: set[str] = set()
+        """Connections a token was obtained for since this process started or since
+        their last refusal: the dispatcher clears a recorded refusal once per entry."""
 
     async def client(self, connection: str) -> TokenClient:
         """The token client of ``connection`` (made, and its key read, on first use)."""
@@ -57,7 +59,10 @@ class ConnectionTokens:
                 jwk = await asyncio.to_thread(
                     self._resolver.read_jwk, settings.authorization.signing_key_ref
                 )
-                found = TokenClient(self._http, self._discovery, credentials_for(settings, jwk))
+                audience = self._config.deployment.authentication.client_assertion_audience
+                found = TokenClient(
+                    self._http, self._discovery, credentials_for(settings, jwk, audience)
+                )
                 self._clients[connection] = found
         return found
 

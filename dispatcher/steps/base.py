@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
 from core.crypto import Keyring
 from core.errors import CoordinatorError
-from core.products.token_client import TokenUnavailable
+from core.products.calls import ConnectionCalls
+from core.products.http import Exchanger
+from core.products.token_client import UNRECOGNISED, TokenUnavailable
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from dispatcher.crash_points import CrashPoints
@@ -47,13 +47,40 @@ class StepEnv:
     keyring: Keyring
     admission_key: bytes
     tokens: ConnectionTokens
-    http: httpx.AsyncClient
+    http: Exchanger
+    """Sends product requests (:class:`core.products.http.ProductHttp`)."""
+    calls: ConnectionCalls
+    """Each connection's exchange deadline and TLS trust."""
     stopping: Callable[[], bool]
     """True once the dispatcher is stopping: start nothing new."""
     jitter: Callable[[], float]
     """Uniform random numbers in [0, 1) for retry delays."""
     crash_points: CrashPoints
     """Told the points of the call protocol an execution passes (the kill -9 tests')."""
+
+
+@dataclass(frozen=True)
+class TokenRefused:
+    """The issuer definitely refused the connection's token request (or granted narrower
+    scopes): nothing may be sent until that changes."""
+
+    error: str
+    """The issuer's OAuth error code, or ``scope-narrowed``; never a value."""
+
+
+async def call_token(env: StepEnv, connection: str) -> str | TokenRefused | None:
+    """The connection's access token for a command; :class:`TokenRefused` when the issuer
+    refused it, ``None`` when the issuer could not be asked (try again later)."""
+    try:
+        return await env.tokens.token(connection)
+    except TokenUnavailable as exc:
+        log.warning("no access token for connection %s: %s", connection, exc)
+        if exc.retryable:
+            return None
+        return TokenRefused(exc.error or UNRECOGNISED)
+    except CoordinatorError as exc:
+        log.warning("no access token for connection %s: %s", connection, exc)
+        return None
 
 
 async def access_token(env: StepEnv, connection: str) -> str | None:

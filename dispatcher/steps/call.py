@@ -30,7 +30,6 @@ the step's own outcome and is recorded as above, but leads nowhere: no next step
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -41,6 +40,7 @@ from core.bindings import Binding
 from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
+from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
@@ -48,8 +48,11 @@ from dispatcher.adapters import AuthorizedRequest, RequestUnbuildable, adapter_f
 from dispatcher.claim import Claimed
 from dispatcher.classify import (
     ACCEPTED,
+    LEASE_EXPIRED,
+    NOT_SENDABLE,
     REFUSED,
     RETRYABLE,
+    UNCERTAIN,
     Classified,
     classify_answer,
     classify_failure,
@@ -57,7 +60,15 @@ from dispatcher.classify import (
 )
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
 from dispatcher.run_view import Loaded, RunView
-from dispatcher.steps.base import SENDING, SETTLING, Flight, StepEnv, access_token
+from dispatcher.steps.base import (
+    SENDING,
+    SETTLING,
+    Flight,
+    StepEnv,
+    TokenRefused,
+    access_token,
+    call_token,
+)
 from dispatcher.steps.local import onward
 from dispatcher.tx import Failure, Tx
 
@@ -95,21 +106,33 @@ def inputs_from(loaded: Loaded, env: StepEnv, claimed: Claimed, step: CallStep) 
 
 
 async def _send(
-    env: StepEnv, request: AuthorizedRequest, connection_type: str, flight: Flight
+    env: StepEnv,
+    request: AuthorizedRequest,
+    step: CallStep,
+    deadline_in: float | None,
+    connection_type: str,
+    flight: Flight,
 ) -> Classified:
     """Send one request and classify what came back (or did not)."""
     flight.phase = SENDING
     started = time.monotonic()
     try:
-        answer = await env.http.request(
-            request.method, request.url, content=request.body, headers=request.headers
+        answer = await env.http.exchange(
+            request.method,
+            request.url,
+            headers=request.headers,
+            body=request.body,
+            # (The step's deadline bounds the exchange too: it never runs past it.)
+            timeout=env.calls.timeout(
+                step.connection, step.deadline_seconds if deadline_in is None else deadline_in
+            ),
+            tls=env.calls.tls(step.connection),
         )
-        result = classify_answer(answer.status_code, answer.content)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # any failure to get an answer is classified, never raised
-        result = classify_failure(exc)
-    env.metrics.record_call(connection_type, result.result, time.monotonic() - started)
+        result = classify_answer(answer.status, answer.body)
+    except ExchangeFailure as failure:
+        result = classify_failure(failure)
+    if result.result != NOT_SENDABLE:
+        env.metrics.record_call(connection_type, result.result, time.monotonic() - started)
     return result
 
 
@@ -126,7 +149,7 @@ async def execute(
         # Claimed with a prepared command and no record of its sending: whoever prepared
         # it may have sent it. Only an operator can settle that.
         async def hold(tx: Tx) -> None:
-            await tx.uncertain()
+            await tx.uncertain(LEASE_EXPIRED)
 
         await env.settler.settle(claimed, hold)
         return
@@ -160,7 +183,14 @@ async def execute(
         return
 
     # Without a token nothing is sent: the step stays ready and is tried again.
-    token = await access_token(env, step.connection)
+    token = await call_token(env, step.connection)
+    if isinstance(token, TokenRefused):
+        await _token_refused(env, claimed, step, connection_type, token)
+        return
+    if token is not None and step.connection not in env.tokens.confirmed:
+        # The issuer gives this connection tokens (again): no refusal to show any more.
+        await env.settler.clear_token_refusal(step.connection)
+        env.tokens.confirmed.add(step.connection)
     if token is None or env.stopping():
         await env.settler.unprepare(
             claimed, 0.0 if token is not None else env.settings.error_retry_seconds
@@ -184,7 +214,8 @@ async def execute(
         env.metrics.record_first_dispatch(prepared.since_admission)
 
     env.crash_points.reached(AFTER_PREPARE)
-    result = await _send(env, request.authorized(token), connection_type, flight)
+    deadline_in = prepared.deadline_in
+    result = await _send(env, request.authorized(token), step, deadline_in, connection_type, flight)
     if result.result == REFUSED and result.status == 401:
         # The product did not process it; its verdict may only be about a stale token.
         env.tokens.invalidate(step.connection)
@@ -192,10 +223,31 @@ async def execute(
         if fresh is None:
             result = Classified(RETRYABLE, "401, and no fresh token", 401)
         else:
-            result = await _send(env, request.authorized(fresh), connection_type, flight)
+            result = await _send(
+                env, request.authorized(fresh), step, deadline_in, connection_type, flight
+            )
     env.crash_points.reached(AFTER_ANSWER)
     flight.phase = SETTLING
     await _record(env, claimed, run, step, op, result, prepared.attempts)
+
+
+async def _token_refused(
+    env: StepEnv, claimed: Claimed, step: CallStep, connection_type: str, refused: TokenRefused
+) -> None:
+    """The issuer refused the token: send nothing, make it visible, try again later.
+
+    The step keeps its place (ready, due after the error delay) until its deadline, then
+    fails ``deadline-exceeded`` like any call that could not be sent; meanwhile the run shows
+    ``attention`` and the step the cause ``token-refused``, and doctor names the connection.
+    """
+    env.metrics.record_token_refusal(connection_type)
+    env.tokens.confirmed.discard(step.connection)
+    await env.settler.record_token_refusal(step.connection, refused.error)
+    await env.settler.token_refused(
+        claimed,
+        delay=env.settings.error_retry_seconds,
+        deadline_seconds=step.deadline_seconds,
+    )
 
 
 async def _record(
@@ -208,7 +260,12 @@ async def _record(
     attempts: int,
 ) -> None:
     """Commit the classified answer and what follows from it, in one transaction."""
-    if result.result != ACCEPTED:
+    if result.result == UNCERTAIN:
+        # The cause is all it says: no URL, header, body or token.
+        log.warning(
+            "call %s of run %s is uncertain: %s (%s)", step.id, run.id, result.cause, result.reason
+        )
+    elif result.result != ACCEPTED:
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
     response = result.response
     mapped = map_output(op, step.output, run.scope, response) if result.result == ACCEPTED else None
@@ -261,11 +318,20 @@ async def _record(
             await tx.end_run(step_state="refused", run_state="failed", failure=Failure("refused"))
 
     async def uncertain(tx: Tx) -> None:
-        await tx.uncertain()
+        await tx.uncertain(result.cause or UNREADABLE_ANSWER, result.cause_status)
 
-    action = {ACCEPTED: accepted, RETRYABLE: retryable, REFUSED: refused}.get(
-        result.result, uncertain
-    )
+    async def unsendable(tx: Tx) -> None:
+        # Refused here before a byte was written: never sent, and it never could be.
+        await tx.end_run(
+            step_state="failed", run_state="failed", failure=Failure("invalid-command", "")
+        )
+
+    action = {
+        ACCEPTED: accepted,
+        RETRYABLE: retryable,
+        REFUSED: refused,
+        NOT_SENDABLE: unsendable,
+    }.get(result.result, uncertain)
     # A lost lease is logged by the settler, in one line that says whether a restore-hold
     # took it.
     await env.settler.settle(claimed, action)

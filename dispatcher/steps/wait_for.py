@@ -42,7 +42,6 @@ not kept and leads nowhere.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from core.canonical import parse_json
 from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
+from core.products.http import ExchangeFailure
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
@@ -172,15 +172,19 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
     )
 
 
-async def _get(env: StepEnv, url: str, token: str) -> Read:
+async def _get(env: StepEnv, connection: str, url: str, token: str) -> Read:
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     try:
-        answer = await env.http.get(url, headers=headers)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # any failure to get an answer only postpones the read
-        return Read(FAILED, f"no answer ({type(exc).__name__})")
-    return interpret(answer.status_code, answer.content)
+        answer = await env.http.exchange(
+            "GET",
+            url,
+            headers=headers,
+            timeout=env.calls.timeout(connection),
+            tls=env.calls.tls(connection),
+        )
+    except ExchangeFailure as failure:  # any failure to get an answer only postpones the read
+        return Read(FAILED, f"no answer ({failure.cause})")
+    return interpret(answer.status, answer.body)
 
 
 async def read_result(env: StepEnv, connection: str, url: str) -> Read:
@@ -188,14 +192,14 @@ async def read_result(env: StepEnv, connection: str, url: str) -> Read:
     token = await access_token(env, connection)
     if token is None:
         return Read(FAILED, "no access token")
-    read = await _get(env, url, token)
+    read = await _get(env, connection, url, token)
     if read.status != 401:
         return read
     env.tokens.invalidate(connection)
     fresh = await access_token(env, connection)
     if fresh is None:
         return Read(FAILED, "401, and no fresh token")
-    return await _get(env, url, fresh)
+    return await _get(env, connection, url, fresh)
 
 
 def _timed_out(tx: Tx, step: WaitForStep) -> bool:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import yaml
 
 from core import deploy
@@ -24,6 +23,7 @@ from core.config.model import CheckedDeployment
 from core.crypto import Keyring
 from core.keys import resolver_for
 from core.payloads import open_json
+from core.products.http import Exchanger
 from core.rpc.transport import Endpoints
 from core.runtime import Runtime, Store
 from core.secrets import SecretResolver
@@ -47,7 +47,9 @@ class BaseKit:
     admission: Store
     db: asyncpg.Connection
     router: HostRouter
-    http: httpx.AsyncClient
+    http: Exchanger
+    """The dispatcher's and recovery's product client: the router's stand-ins in-process
+    (:class:`tests.helpers.asgi_http.AsgiHttp`), or real sockets."""
     keyring: Keyring
     stores: list[Store] = field(default_factory=list, kw_only=True)
     """Stores the kit opened for its dispatchers; closed by :meth:`close`."""
@@ -106,7 +108,7 @@ class BaseKit:
             await store.close()
         await self.admission.close()
         await self.db.close()
-        await self.http.aclose()
+        await self.http.close()
 
 
 async def applied(deployment: TestDeployment) -> tuple[CheckedDeployment, SecretResolver, Runtime]:

@@ -31,7 +31,8 @@ from devstack.issuer import DevIssuer, generate_private_jwk
 from devstack.postgres import DatabaseHandle
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
-from dispatcher.engine import Dispatcher, product_client
+from dispatcher.engine import Dispatcher
+from tests.helpers.asgi_http import AsgiHttp
 from tests.helpers.base_kit import (
     ISSUER,
     BaseKit,
@@ -250,13 +251,13 @@ class DispatchKit(BaseKit):
 
     async def stats(self) -> dict[str, Any]:
         """The Messaging stand-in's ``/dev/stats``."""
-        answer = await self.http.get(f"{MESSAGING}/dev/stats")
+        answer = await self.messaging.http.get(f"{MESSAGING}/dev/stats")
         document: dict[str, Any] = answer.json()
         return document
 
     async def fault(self, **body: Any) -> None:
         """Inject a Messaging stand-in fault."""
-        answer = await self.http.post(f"{MESSAGING}/dev/faults", json=body)
+        answer = await self.messaging.http.post(f"{MESSAGING}/dev/faults", json=body)
         assert answer.status_code == 200, answer.text
 
     def product(self, app: Callable[..., Any]) -> None:
@@ -284,7 +285,7 @@ async def dispatch_kit(
     checked, resolver, runtime = await applied(deployment)
 
     router = HostRouter()
-    http = product_client(router)
+    http = AsgiHttp(router)
     issuer = dev_issuer(tmp_path, [client_for(CLIENT, jwk, {"messages:send", "receipts:read"})])
     messaging = MessagingStandIn(
         StandInSettings(base_url=MESSAGING, issuer=ISSUER, allowed_clients=frozenset({CLIENT})),

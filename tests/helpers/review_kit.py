@@ -37,13 +37,13 @@ from devstack.postgres import DatabaseHandle
 from devstack.products.casework import CaseworkStandIn, CompletionDestination, TrustedProducer
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
-from dispatcher.engine import product_client
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
 from gateway.backend import AuditRecord
 from gateway.completions import CompletionHandler, load_credentials
 from gateway.events import EventHandler, load_sources
 from gateway.routes import GatewayContext
+from tests.helpers.asgi_http import AsgiHttp
 from tests.helpers.base_kit import ISSUER, BaseKit, applied, dev_issuer
 from tests.helpers.deployment import (
     TestDeployment,
@@ -142,7 +142,7 @@ class ReviewKit(BaseKit):
 
     async def decide(self, review_id: str, outcome: str = "approved") -> None:
         """Record a reviewer's decision in the Casework stand-in (its dev route)."""
-        answer = await self.http.post(
+        answer = await self.casework.http.post(
             f"{CASEWORK}/dev/projects/{PROJECT}/review-requests/{review_id}/decision",
             json={"outcome": outcome},
         )
@@ -235,7 +235,7 @@ async def review_kit(
     checked, resolver, runtime = await applied(deployment)
 
     router = HostRouter()
-    http = product_client(router)
+    http = AsgiHttp(router)
     issuer = dev_issuer(
         tmp_path,
         [

@@ -302,6 +302,7 @@ async def test_doctor_counts_the_store(env: Served) -> None:
             "waiting": 1,
             "stateKeyVersionsInUse": [1],
         },
+        "tokenRefusals": [],
         "mode": "ordinary",
     }
 

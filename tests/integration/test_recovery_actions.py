@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from core.errors import CoordinatorError
+from core.products.calls import ConnectionCalls
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from devstack.postgres import DatabaseHandle
@@ -191,6 +192,7 @@ class Kit(DispatchKit):
             admission_key=self.admission_key,
             tokens=ConnectionTokens(config, self.runtime.resolver, self.http),
             http=self.http,
+            calls=ConnectionCalls(config, self.runtime.resolver),
             recovery_only=recovery_only,
             sleep=sleep if sleep is not None else FakeSleep(),
         )
@@ -409,7 +411,9 @@ async def test_an_expired_receipt_changes_nothing_and_the_run_stays_held(kit: Ki
     run_id = await kit.held(processed=True)
     await kit.snapshot(run_id, "send")
     before = await kit.step(run_id, "send")
-    answer = await kit.http.post(f"{MESSAGING}/dev/clock", json={"advanceSeconds": 8 * DAY})
+    answer = await kit.messaging.http.post(
+        f"{MESSAGING}/dev/clock", json={"advanceSeconds": 8 * DAY}
+    )
     assert answer.status_code == 200
 
     error = await refused("receipt.expired", act(kit, run_id, "reconcile"))

@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from admission.start import Admitter
 from core.errors import CoordinatorError
+from core.products.http import ProductHttp
 from devstack.postgres import DatabaseHandle
 from recovery import reads
 from recovery.env import RecoveryEnv
@@ -55,8 +55,11 @@ async def env(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Served]
 
 @pytest.fixture
 async def recovery(env: Served) -> AsyncIterator[RecoveryEnv]:
-    async with httpx.AsyncClient() as http:
+    http = ProductHttp()
+    try:
         yield RecoveryEnv.from_store(env.store("recovery"), http, recovery_only=False)
+    finally:
+        await http.close()
 
 
 async def act(recovery: RecoveryEnv, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +306,7 @@ async def test_restore_hold_again_starts_a_new_epoch_with_a_new_snapshot(
     await set_call(
         env,
         runs["uncertain"],
-        "state = 'completed', effect = 'accepted', ended_at = {ns}.now()",
+        "state = 'completed', effect = 'accepted', cause = NULL, ended_at = {ns}.now()",
     )
 
     answer = await act(recovery, "restore-hold", {"reason": "INC-2"})
@@ -340,7 +343,9 @@ async def _resolve(env: Served, run_id: str, resolution: str | None, step_state:
     if step_state != "uncertain":
         ended = ", ended_at = {ns}.now()" if step_state in ("completed", "cancelled") else ""
         effect = "'accepted'" if step_state == "completed" else "NULL"
-        await set_call(env, run_id, f"state = '{step_state}', effect = {effect}" + ended)
+        # The effect is known now, so the cause that explained it being unknown goes too.
+        known = f"state = '{step_state}', effect = {effect}, cause = NULL, cause_status = NULL"
+        await set_call(env, run_id, known + ended)
     if resolution is not None:
         await env.owner_execute(
             "UPDATE {ns}.restore_snapshot SET resolution = $2, resolved_at = {ns}.now() "

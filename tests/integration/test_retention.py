@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from admission.start import Admitter
 from core.clock import ENV_VAR, format_instant, write_test_clock
 from core.errors import CoordinatorError
+from core.products.http import ProductHttp
 from devstack.postgres import DatabaseHandle
 from recovery import reads
 from recovery.env import RecoveryEnv
@@ -52,8 +52,11 @@ async def env(tmp_path: Path, database: DatabaseHandle, clock: Path) -> AsyncIte
 
 @pytest.fixture
 async def recovery(env: Served) -> AsyncIterator[RecoveryEnv]:
-    async with httpx.AsyncClient() as http:
+    http = ProductHttp()
+    try:
         yield RecoveryEnv.from_store(env.store("recovery"), http, recovery_only=False)
+    finally:
+        await http.close()
 
 
 async def retain(recovery: RecoveryEnv, before: datetime, limit: int) -> dict[str, Any]:

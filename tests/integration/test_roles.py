@@ -208,6 +208,7 @@ async def test_component_roles_can_do_only_their_part(deployment: TestDeployment
             f"UPDATE {ns}.step SET next_check_at = {ns}.now(), due_at = {ns}.now() WHERE false",
         )
         assert not await _denied(conn, f"SELECT 1 FROM {ns}.activation")
+        assert await _denied(conn, f"SELECT 1 FROM {ns}.token_refusal")
         # Writing a payload (and learning its id) needs no sequence privilege of its own.
         assert not await _denied(conn, insert_payload.format(step="NULL", purpose="'input'"))
 
@@ -223,6 +224,21 @@ async def test_component_roles_can_do_only_their_part(deployment: TestDeployment
         assert not await _denied(conn, f"UPDATE {ns}.step SET state = 'completed' WHERE false")
         assert not await _denied(conn, f"SELECT execution_hold FROM {ns}.hold")
         assert not await _denied(conn, insert_payload.format(step="'a'", purpose="'command'"))
+        # Its last refused token request per connection, for doctor: written, replaced, cleared.
+        assert not await _denied(
+            conn,
+            f"INSERT INTO {ns}.token_refusal (connection, error, refused_at) "
+            f"VALUES ('notices', 'invalid_client', {ns}.now()) ON CONFLICT (connection) "
+            "DO UPDATE SET error = excluded.error, refused_at = excluded.refused_at",
+        )
+        assert not await _denied(conn, f"DELETE FROM {ns}.token_refusal WHERE connection = 'x'")
+
+        await conn.execute("RESET ROLE")
+        await conn.execute(
+            f"SET ROLE {quote_ident(component_role(deployment.namespace, 'recovery'))}"
+        )
+        assert not await _denied(conn, f"SELECT connection, error FROM {ns}.token_refusal")
+        assert await _denied(conn, f"DELETE FROM {ns}.token_refusal WHERE false")
 
         await conn.execute("RESET ROLE")
         await conn.execute(f"SET ROLE {quote_ident(component_role(deployment.namespace, 'audit'))}")

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
+from core.products.http import (
+    ANSWER_TOO_LARGE,
+    CONNECTION_LOST,
+    FRAMING_VIOLATION,
+    NEVER_CONNECTED,
+    TIMEOUT_AFTER_SEND,
+    UNREADABLE_ANSWER,
+    UNSENDABLE,
+    ExchangeFailure,
+)
 from dispatcher.classify import (
     ACCEPTED,
+    NOT_SENDABLE,
     REFUSED,
     RETRYABLE,
+    STATUS_5XX,
     UNCERTAIN,
     classify_answer,
     classify_failure,
     retry_delay,
 )
-
-REQUEST = httpx.Request("POST", "https://messaging.test/v1/profiles/p/messages")
 
 
 def problem(code: str) -> bytes:
@@ -82,36 +91,49 @@ def test_reasons_never_quote_the_body() -> None:
         assert "applicant" not in classify_answer(status, secret).reason
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        httpx.ConnectError("refused", request=REQUEST),
-        httpx.ConnectTimeout("slow handshake", request=REQUEST),
-        httpx.PoolTimeout("no connection free", request=REQUEST),
-        httpx.UnsupportedProtocol("ftp", request=REQUEST),
-    ],
-)
-def test_failures_before_the_request_left_are_retryable(error: Exception) -> None:
-    assert classify_failure(error).result == RETRYABLE
+def test_only_a_connection_that_never_existed_is_retryable() -> None:
+    result = classify_failure(ExchangeFailure(NEVER_CONNECTED, sent=False))
+    assert (result.result, result.cause) == (RETRYABLE, None)
+
+
+def test_a_request_refused_before_it_was_written_is_not_sendable_and_not_uncertain() -> None:
+    result = classify_failure(ExchangeFailure(UNSENDABLE, sent=False))
+    assert (result.result, result.cause) == (NOT_SENDABLE, None)
 
 
 @pytest.mark.parametrize(
-    "error",
+    "cause",
     [
-        httpx.ReadTimeout("no answer", request=REQUEST),
-        httpx.WriteTimeout("half written", request=REQUEST),
-        httpx.ReadError("reset", request=REQUEST),
-        httpx.WriteError("broken pipe", request=REQUEST),
-        httpx.RemoteProtocolError("server disconnected", request=REQUEST),
-        ConnectionResetError("reset by peer"),
-        RuntimeError("the transport failed in an unexpected way"),
+        TIMEOUT_AFTER_SEND,
+        CONNECTION_LOST,
+        UNREADABLE_ANSWER,
+        FRAMING_VIOLATION,
+        ANSWER_TOO_LARGE,
     ],
 )
-def test_failures_after_the_connection_existed_are_uncertain(error: Exception) -> None:
-    result = classify_failure(error)
-    assert result.result == UNCERTAIN
+def test_failures_after_the_request_may_have_left_are_uncertain_with_their_cause(
+    cause: str,
+) -> None:
+    result = classify_failure(ExchangeFailure(cause, sent=True))
+    assert (result.result, result.cause, result.cause_status) == (UNCERTAIN, cause, None)
     assert result.status is None
-    assert type(error).__name__ in result.reason
+    assert cause in result.reason
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 599])
+def test_a_5xx_names_its_status_as_the_cause(status: int) -> None:
+    result = classify_answer(status, b"{}")
+    assert (result.result, result.cause, result.cause_status) == (UNCERTAIN, STATUS_5XX, status)
+
+
+@pytest.mark.parametrize("status", [200, 201, 202])
+def test_a_2xx_that_is_not_a_json_object_is_an_unreadable_answer(status: int) -> None:
+    result = classify_answer(status, b"not json")
+    assert (result.result, result.cause, result.cause_status) == (
+        UNCERTAIN,
+        UNREADABLE_ANSWER,
+        None,
+    )
 
 
 def test_retry_delays_double_from_one_second_up_to_five_minutes() -> None:

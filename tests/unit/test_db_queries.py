@@ -102,6 +102,11 @@ def test_the_grants_table_is_read_from_the_grants_query() -> None:
         "UPDATE (due_at, next_check_at, updated_at)",
     )
     assert GRANTS["recovery"]["hold"] == ("SELECT", "UPDATE")
+    # Doctor's token refusals: the dispatcher keeps them, recovery only reads them.
+    assert GRANTS["dispatcher"]["token_refusal"] == ("SELECT", "INSERT", "UPDATE", "DELETE")
+    assert GRANTS["recovery"]["token_refusal"] == ("SELECT",)
+    assert "token_refusal" not in GRANTS["admission"]
+    assert "token_refusal" not in GRANTS["audit"]
 
 
 def test_rendering_puts_the_quoted_namespace_in() -> None:

@@ -175,16 +175,34 @@ def _other_key_same_kid() -> dict[str, Any]:
     ("make_form", "status", "error"),
     [
         pytest.param(
-            lambda k, c: form(assertion(k, c, aud=ISSUER_URL)),
+            lambda k, c: form(assertion(k, c, aud="http://elsewhere.test/token")),
             401,
             "invalid_client",
-            id="aud-issuer",
+            id="aud-other-token-endpoint",
         ),
         pytest.param(
-            lambda k, c: form(assertion(k, c, aud=[TOKEN_URL])),
+            lambda k, c: form(assertion(k, c, aud=ISSUER_URL + "/")),
             401,
             "invalid_client",
-            id="aud-list",
+            id="aud-issuer-not-exact",
+        ),
+        pytest.param(
+            lambda k, c: form(assertion(k, c, aud=RESOURCE)),
+            401,
+            "invalid_client",
+            id="aud-resource",
+        ),
+        pytest.param(
+            lambda k, c: form(assertion(k, c, aud=["http://elsewhere.test", RESOURCE])),
+            401,
+            "invalid_client",
+            id="aud-list-without-us",
+        ),
+        pytest.param(
+            lambda k, c: form(assertion(k, c, aud=[])), 401, "invalid_client", id="aud-empty-list"
+        ),
+        pytest.param(
+            lambda k, c: form(assertion(k, c, aud=None)), 401, "invalid_client", id="no-aud"
         ),
         pytest.param(
             lambda k, c: form(assertion(k, c, exp=int(c()) - 30)),
@@ -281,6 +299,46 @@ async def test_token_endpoint_refuses(
     assert answer.json()["error"] == error
     # The description names the failed check and never repeats the assertion.
     assert fields["client_assertion"] not in answer.text
+
+
+@pytest.mark.parametrize(
+    "aud",
+    [
+        pytest.param(TOKEN_URL, id="token-endpoint"),
+        pytest.param(ISSUER_URL, id="issuer"),
+        pytest.param([TOKEN_URL], id="list-token-endpoint"),
+        pytest.param([ISSUER_URL], id="list-issuer"),
+        pytest.param([RESOURCE, ISSUER_URL], id="list-with-issuer"),
+    ],
+)
+async def test_assertion_audience_may_be_token_endpoint_or_issuer(
+    http: httpx.AsyncClient,
+    issuer: DevIssuer,
+    clock: FakeClock,
+    es_key: dict[str, Any],
+    aud: str | list[str],
+) -> None:
+    # RFC 7523 names the token endpoint; FAPI 2.0 issuers want their issuer identifier
+    # (deployment.authentication.clientAssertionAudience: issuer).
+    answer = await http.post("/token", data=form(assertion(es_key, clock, aud=aud)))
+    assert answer.status_code == 200, answer.text
+    claims = verify_access_token(answer.json()["access_token"], issuer, RESOURCE)
+    assert claims["client_id"] == "coordinator-notices"
+
+
+async def test_wrong_assertion_audience_names_both_accepted_ones(
+    http: httpx.AsyncClient, clock: FakeClock, es_key: dict[str, Any]
+) -> None:
+    answer = await http.post(
+        "/token", data=form(assertion(es_key, clock, aud="http://elsewhere.test"))
+    )
+    assert answer.status_code == 401
+    assert answer.json() == {
+        "error": "invalid_client",
+        "error_description": "the assertion aud must be the token endpoint or the issuer "
+        "identifier",
+    }
+    assert answer.headers["www-authenticate"] == 'Bearer error="invalid_client"'
 
 
 async def test_replayed_assertion_is_refused(

@@ -18,6 +18,7 @@ from core.products.receipts import (
 )
 from core.products.token_client import TokenUnavailable
 from core.workflow.catalogue import operation
+from tests.helpers.asgi_http import AsgiHttp
 
 SEND = operation("messaging", "send-notice")
 SUBMIT = operation("breg-action", "submit-action")
@@ -98,7 +99,7 @@ async def test_a_read_sends_the_connections_token_and_asks_for_json() -> None:
         seen.append(request)
         return httpx.Response(200, json={"messageId": "m-1"})
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+    async with AsgiHttp(httpx.MockTransport(answer)) as http:
         receipt = await read_receipt(http, Tokens(), "notices", URL, timeout=5.0)
 
     assert (receipt.kind, receipt.body) == (FOUND, {"messageId": "m-1"})
@@ -117,7 +118,7 @@ async def test_a_401_is_read_again_once_with_a_fresh_token() -> None:
         return answers.pop(0)
 
     tokens = Tokens()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+    async with AsgiHttp(httpx.MockTransport(answer)) as http:
         receipt = await read_receipt(http, tokens, "notices", URL, timeout=5.0)
 
     assert receipt.kind == NOT_SEEN
@@ -129,7 +130,7 @@ async def test_a_second_401_is_unavailable() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(401)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+    async with AsgiHttp(httpx.MockTransport(answer)) as http:
         receipt = await read_receipt(http, Tokens(), "notices", URL, timeout=5.0)
     assert (receipt.kind, receipt.status) == (UNAVAILABLE, 401)
 
@@ -141,10 +142,10 @@ async def test_no_token_or_no_answer_is_unavailable_and_nothing_is_raised() -> N
         calls.append(request)
         raise httpx.ConnectError("connection refused", request=request)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
+    async with AsgiHttp(httpx.MockTransport(refuse)) as http:
         no_token = await read_receipt(http, Tokens(fail=True), "notices", URL, timeout=5.0)
         no_answer = await read_receipt(http, Tokens(), "notices", URL, timeout=5.0)
 
     assert no_token.kind == UNAVAILABLE and "token" in no_token.reason
-    assert (no_answer.kind, no_answer.reason) == (UNAVAILABLE, "no answer (ConnectError)")
+    assert (no_answer.kind, no_answer.reason) == (UNAVAILABLE, "no answer (never-connected)")
     assert len(calls) == 1  # without a token nothing was sent

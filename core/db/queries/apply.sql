@@ -69,6 +69,9 @@ BEGIN
     GRANT SELECT ON {{ns}}.binding TO {{dispatcher}};
     GRANT SELECT, INSERT, UPDATE ON {{ns}}.step TO {{dispatcher}};
     GRANT SELECT, INSERT ON {{ns}}.payload TO {{dispatcher}};
+    -- Its last refused token request per connection, for doctor (SELECT: the upsert's
+    -- conflict and the delete's condition read the connection).
+    GRANT SELECT, INSERT, UPDATE, DELETE ON {{ns}}.token_refusal TO {{dispatcher}};
 
     -- Recovery carries out operator actions: inspection, reconcile, retry-same, cancel, holds
     -- and retention.
@@ -82,6 +85,7 @@ BEGIN
     GRANT SELECT, INSERT, UPDATE ON {{ns}}.recovery_record TO {{recovery}};
     GRANT SELECT, INSERT, UPDATE ON {{ns}}.restore_snapshot TO {{recovery}};
     GRANT SELECT, INSERT ON {{ns}}.operator_action TO {{recovery}};
+    GRANT SELECT ON {{ns}}.token_refusal TO {{recovery}};
 
     -- The audit journal's key custody, per segment.
     GRANT SELECT, INSERT, UPDATE ON {{ns}}.audit_segment TO {{audit}};

@@ -12,6 +12,12 @@
 -- records what its product answered, but it never makes another step due after it and
 -- never sends its command again. dispatcher_step_lock answers whether the locked step is
 -- abandoned, so that rule is written once.
+--
+-- A step's cause says why its effect is unknown (or, token-refused, why a call sent nothing
+-- yet). The statement that makes a step uncertain names it; every statement that records a
+-- fresh outcome of a call clears it, and preparing a command clears token-refused. Attention
+-- follows the run's steps as recovery_actions.sql describes: a step uncertain or not-sent,
+-- or a ready call whose token the issuer refused.
 
 -- name: dispatcher_claim
 -- Lease up to $2 (integer) due, unclaimed steps of runs that have not ended to owner $1
@@ -89,9 +95,10 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
 -- name: dispatcher_expire_leases
 -- Find up to $1 (integer) leases that expired. A step whose command was prepared (and so
 -- may have been sent by the holder that vanished) becomes uncertain with an unknown effect
--- and holds its run for an operator; any other step simply loses the lease and is due
--- again. A run cancelled without an onCancel path that is left with nothing live by this
--- ends cancelled instead of held (keeping the attention), as a settle would have ended it.
+-- and cause lease-expired, and holds its run for an operator; any other step simply loses
+-- the lease and is due again. A run cancelled without an onCancel path that is left with
+-- nothing live by this ends cancelled instead of held (keeping the attention), as a settle
+-- would have ended it.
 -- Answers how many leases were released and how many steps became uncertain.
 WITH expired AS (
     SELECT run_id, step_id, state = 'prepared' AS abandoned
@@ -104,6 +111,8 @@ WITH expired AS (
     UPDATE {{ns}}.step s
        SET state = CASE WHEN e.abandoned THEN 'uncertain' ELSE s.state END,
            effect = CASE WHEN e.abandoned THEN 'unknown' ELSE s.effect END,
+           cause = CASE WHEN e.abandoned THEN 'lease-expired' ELSE s.cause END,
+           cause_status = CASE WHEN e.abandoned THEN NULL ELSE s.cause_status END,
            due_at = CASE WHEN e.abandoned THEN NULL ELSE s.due_at END,
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
            updated_at = {{ns}}.now()
@@ -212,37 +221,58 @@ SELECT $1, $2, x.purpose, x.key_version, x.nonce, x.ciphertext
 -- dispatcher_step_lock and not abandoned, before it is sent: owner $3 (text) must hold the
 -- lease in the current hold epoch with the execution hold off. $4 command payload id
 -- (bigint), $5 command key (text), $6 deadlineSeconds (integer; counted from the first
--- attempt, which this may be). Counts the attempt. Answers whether this is the run's first
--- command and how long ago the run was admitted.
+-- attempt, which this may be). Counts the attempt. A step whose token the issuer refused
+-- before has one now: its cause is cleared and the run's attention recomputed without it
+-- (in every other case the run row is not written). Answers whether this is the run's
+-- first command, how long ago the run was admitted and how many seconds are left until
+-- the step's deadline.
 WITH before AS (
     SELECT NOT EXISTS (
                SELECT 1 FROM {{ns}}.step
-                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+                WHERE run_id = $1 AND prepared_at IS NOT NULL
            ) AS first_of_run,
            (SELECT extract(epoch FROM {{ns}}.now() - created_at)::float8
-              FROM {{ns}}.run WHERE id = $1) AS since_admission
+              FROM {{ns}}.run WHERE id = $1) AS since_admission,
+           -- the locked row as it was: the update below can only answer what it wrote
+           coalesce((SELECT cause = 'token-refused' FROM {{ns}}.step
+                      WHERE run_id = $1 AND step_id = $2), false) AS token_refused
+), prepared AS (
+    UPDATE {{ns}}.step s
+       SET state = 'prepared',
+           command_payload_id = $4,
+           command_key = $5,
+           cause = CASE WHEN before.token_refused THEN NULL ELSE s.cause END,
+           prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+           first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+           deadline_at = coalesce(s.deadline_at,
+                                  {{ns}}.now() + make_interval(secs => $6::integer)),
+           attempts = s.attempts + 1,
+           updated_at = {{ns}}.now()
+      FROM before
+     WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
+    RETURNING s.attempts, before.first_of_run, before.since_admission, before.token_refused,
+              extract(epoch FROM s.deadline_at - {{ns}}.now())::float8 AS deadline_in
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = EXISTS (SELECT 1 FROM {{ns}}.step x
+                                WHERE x.run_id = u.id AND x.step_id <> $2
+                                  AND (x.state IN ('uncertain', 'not-sent')
+                                       OR (x.state = 'ready' AND x.cause = 'token-refused'))),
+           updated_at = {{ns}}.now()
+     WHERE u.id = $1 AND u.ended_at IS NULL
+       -- a one-time filter: without a refused token the run row is not even read
+       AND (SELECT p.token_refused FROM prepared p)
 )
-UPDATE {{ns}}.step s
-   SET state = 'prepared',
-       command_payload_id = $4,
-       command_key = $5,
-       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
-       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
-       deadline_at = coalesce(s.deadline_at,
-                              {{ns}}.now() + make_interval(secs => $6::integer)),
-       attempts = s.attempts + 1,
-       updated_at = {{ns}}.now()
-  FROM before
- WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
-   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
-RETURNING s.attempts, before.first_of_run, before.since_admission;
+SELECT attempts, first_of_run, since_admission, deadline_in FROM prepared;
 
 -- name: dispatcher_command_seal_prepare
 -- dispatcher_command_prepare for a first attempt, storing the command in the same
 -- statement: $1 run (text), $2 step (text), $3 owner (text), $4 key version (integer), $5
 -- nonce (bytea), $6 ciphertext (bytea) of the sealed command, $7 command key (text), $8
--- deadlineSeconds (integer). No row when nothing may be prepared; the caller then rolls
--- back, the stored command with it.
+-- deadlineSeconds (integer). A refused token's cause and attention are settled as there.
+-- No row when nothing may be prepared; the caller then rolls back, the stored command
+-- with it.
 WITH kept AS (
     INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
     VALUES ($1, $2, 'command', $4, $5, $6)
@@ -250,25 +280,41 @@ WITH kept AS (
 ), before AS (
     SELECT NOT EXISTS (
                SELECT 1 FROM {{ns}}.step
-                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+                WHERE run_id = $1 AND prepared_at IS NOT NULL
            ) AS first_of_run,
            (SELECT extract(epoch FROM {{ns}}.now() - created_at)::float8
-              FROM {{ns}}.run WHERE id = $1) AS since_admission
+              FROM {{ns}}.run WHERE id = $1) AS since_admission,
+           coalesce((SELECT cause = 'token-refused' FROM {{ns}}.step
+                      WHERE run_id = $1 AND step_id = $2), false) AS token_refused
+), prepared AS (
+    UPDATE {{ns}}.step s
+       SET state = 'prepared',
+           command_payload_id = kept.id,
+           command_key = $7,
+           cause = CASE WHEN before.token_refused THEN NULL ELSE s.cause END,
+           prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+           first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+           deadline_at = coalesce(s.deadline_at,
+                                  {{ns}}.now() + make_interval(secs => $8::integer)),
+           attempts = s.attempts + 1,
+           updated_at = {{ns}}.now()
+      FROM before, kept
+     WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+       AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
+    RETURNING s.attempts, before.first_of_run, before.since_admission, before.token_refused,
+              extract(epoch FROM s.deadline_at - {{ns}}.now())::float8 AS deadline_in
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = EXISTS (SELECT 1 FROM {{ns}}.step x
+                                WHERE x.run_id = u.id AND x.step_id <> $2
+                                  AND (x.state IN ('uncertain', 'not-sent')
+                                       OR (x.state = 'ready' AND x.cause = 'token-refused'))),
+           updated_at = {{ns}}.now()
+     WHERE u.id = $1 AND u.ended_at IS NULL
+       -- a one-time filter: without a refused token the run row is not even read
+       AND (SELECT p.token_refused FROM prepared p)
 )
-UPDATE {{ns}}.step s
-   SET state = 'prepared',
-       command_payload_id = kept.id,
-       command_key = $7,
-       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
-       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
-       deadline_at = coalesce(s.deadline_at,
-                              {{ns}}.now() + make_interval(secs => $8::integer)),
-       attempts = s.attempts + 1,
-       updated_at = {{ns}}.now()
-  FROM before, kept
- WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
-   AND s.lease_epoch = (SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold)
-RETURNING s.attempts, before.first_of_run, before.since_admission;
+SELECT attempts, first_of_run, since_admission, deadline_in FROM prepared;
 
 -- name: dispatcher_fast_prepare
 -- dispatcher_step_lock and dispatcher_command_seal_prepare in one statement, for the
@@ -276,15 +322,17 @@ RETURNING s.attempts, before.first_of_run, before.since_admission;
 -- (text) holds the lease of ready step $2 (text) in the current hold epoch with the
 -- execution hold off. The run row is locked first (as a cancel locks it), then the step's;
 -- only then is the sealed command ($4 key version, $5 nonce, $6 ciphertext) stored and the
--- step prepared under command key $7 (text) with deadlineSeconds $8 (integer). No row, and
--- nothing written, in every other case: the caller then takes the locked transaction, which
--- tells those cases apart.
+-- step prepared under command key $7 (text) with deadlineSeconds $8 (integer). A refused
+-- token's cause and attention are settled as in dispatcher_command_prepare; the step's own
+-- lock answers whether there was one, so the common case reads and writes nothing more.
+-- No row, and nothing written, in every other case: the caller then takes the locked
+-- transaction, which tells those cases apart.
 WITH r AS (
     SELECT id, created_at FROM {{ns}}.run
      WHERE id = $1 AND ended_at IS NULL AND NOT cancelling
        FOR NO KEY UPDATE
 ), ok AS (
-    SELECT s.run_id, s.step_id
+    SELECT s.run_id, s.step_id, coalesce(s.cause = 'token-refused', false) AS token_refused
       FROM {{ns}}.step s
       JOIN r ON r.id = s.run_id
      WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
@@ -297,24 +345,38 @@ WITH r AS (
 ), before AS (
     SELECT NOT EXISTS (
                SELECT 1 FROM {{ns}}.step
-                WHERE run_id = $1 AND first_attempt_at IS NOT NULL
+                WHERE run_id = $1 AND prepared_at IS NOT NULL
            ) AS first_of_run,
            (SELECT extract(epoch FROM {{ns}}.now() - r.created_at)::float8 FROM r)
                AS since_admission
+), prepared AS (
+    UPDATE {{ns}}.step s
+       SET state = 'prepared',
+           command_payload_id = kept.id,
+           command_key = $7,
+           cause = CASE WHEN ok.token_refused THEN NULL ELSE s.cause END,
+           prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
+           first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+           deadline_at = coalesce(s.deadline_at,
+                                  {{ns}}.now() + make_interval(secs => $8::integer)),
+           attempts = s.attempts + 1,
+           updated_at = {{ns}}.now()
+      FROM before, kept, ok
+     WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
+    RETURNING s.attempts, before.first_of_run, before.since_admission, ok.token_refused,
+              extract(epoch FROM s.deadline_at - {{ns}}.now())::float8 AS deadline_in
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = EXISTS (SELECT 1 FROM {{ns}}.step x
+                                WHERE x.run_id = u.id AND x.step_id <> $2
+                                  AND (x.state IN ('uncertain', 'not-sent')
+                                       OR (x.state = 'ready' AND x.cause = 'token-refused'))),
+           updated_at = {{ns}}.now()
+     WHERE u.id = $1
+       -- a one-time filter: without a refused token the run row is not even read
+       AND (SELECT p.token_refused FROM prepared p)
 )
-UPDATE {{ns}}.step s
-   SET state = 'prepared',
-       command_payload_id = kept.id,
-       command_key = $7,
-       prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
-       first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
-       deadline_at = coalesce(s.deadline_at,
-                              {{ns}}.now() + make_interval(secs => $8::integer)),
-       attempts = s.attempts + 1,
-       updated_at = {{ns}}.now()
-  FROM before, kept
- WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3 AND s.state = 'ready'
-RETURNING s.attempts, before.first_of_run, before.since_admission;
+SELECT attempts, first_of_run, since_admission, deadline_in FROM prepared;
 
 -- name: dispatcher_step_unprepare
 -- Owner $3 (text) gives back step $2 (text) of run $1 (text) whose prepared command it
@@ -331,16 +393,69 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
 RETURNING state;
 
+-- name: dispatcher_step_token_refused
+-- Owner $3 (text) asked the issuer for the access token of call step $2 (text) of run $1
+-- (text) and was refused (or granted narrower scopes than the connection's), so nothing
+-- was sent. The step records cause token-refused and is ready again, due $4 (float8)
+-- seconds from now but no later than its deadline, and its lease ends; the run keeps its
+-- state and gets attention (an ended run is left alone) until a later prepare of the step
+-- clears both. A step that was never prepared has no deadline yet: the first refusal
+-- counts as the first attempt and sets it, deadlineSeconds $5 (integer) from now, so the
+-- claim after it answers past_deadline and the run fails deadline-exceeded as a retried
+-- call would. The run row is locked first, as a cancel locks it. Answers when the step is
+-- due again; no row, and nothing written, when the lease is no longer this owner's.
+WITH r AS (
+    SELECT id FROM {{ns}}.run WHERE id = $1 FOR NO KEY UPDATE
+), refused AS (
+    UPDATE {{ns}}.step s
+       SET state = 'ready',
+           cause = 'token-refused', cause_status = NULL,
+           first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
+           deadline_at = coalesce(s.deadline_at,
+                                  {{ns}}.now() + make_interval(secs => $5::integer)),
+           due_at = least({{ns}}.now() + make_interval(secs => $4::float8),
+                          coalesce(s.deadline_at,
+                                   {{ns}}.now() + make_interval(secs => $5::integer))),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+      FROM r
+     WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
+       AND s.step_type = 'call' AND s.state IN ('ready', 'prepared')
+    RETURNING s.due_at
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = true, updated_at = {{ns}}.now()
+      FROM refused
+     WHERE u.id = $1 AND u.ended_at IS NULL AND NOT u.attention
+)
+SELECT due_at FROM refused;
+
+-- name: dispatcher_token_refusal_record
+-- The issuer refused the access token of connection $1 (text) with the OAuth error code $2
+-- (text, e.g. invalid_client; never its description): remember it, now, for doctor,
+-- replacing the connection's earlier refusal.
+INSERT INTO {{ns}}.token_refusal (connection, error, refused_at)
+VALUES ($1, $2, {{ns}}.now())
+ON CONFLICT (connection) DO UPDATE
+   SET error = excluded.error, refused_at = excluded.refused_at;
+
+-- name: dispatcher_token_refusal_clear
+-- The issuer granted connection $1 (text) a token: forget its refusal, if one is recorded.
+DELETE FROM {{ns}}.token_refusal WHERE connection = $1;
+
 -- name: dispatcher_step_release
 -- Owner $3 (text) gives up its lease on step $2 (text) of run $1 (text) without knowing
 -- the outcome, due again no sooner than $4 (float8) seconds from now. A prepared step
--- may have been sent, so it becomes uncertain and holds its run instead — or, when the run
--- is cancelled without an onCancel path and nothing else of it is live, ends the run
--- cancelled (keeping the attention), as a settle would have.
+-- may have been sent, so it becomes uncertain (cause lease-expired: its dispatcher stopped
+-- before it knew) and holds its run instead — or, when the run is cancelled without an
+-- onCancel path and nothing else of it is live, ends the run cancelled (keeping the
+-- attention), as a settle would have.
 WITH released AS (
     UPDATE {{ns}}.step
        SET state = CASE WHEN state = 'prepared' THEN 'uncertain' ELSE state END,
            effect = CASE WHEN state = 'prepared' THEN 'unknown' ELSE effect END,
+           cause = CASE WHEN state = 'prepared' THEN 'lease-expired' ELSE cause END,
+           cause_status = CASE WHEN state = 'prepared' THEN NULL ELSE cause_status END,
            due_at = CASE
                         WHEN state = 'prepared' THEN NULL
                         WHEN due_at IS NULL THEN NULL
@@ -375,10 +490,13 @@ SELECT state FROM released;
 -- name: dispatcher_step_end
 -- End step $2 (text) of run $1 (text), locked by dispatcher_step_lock, in state $3
 -- (completed, refused, failed, or cancelled when a cancel abandoned it), with effect $4
--- (text; null keeps the present one).
+-- (text; null keeps the present one). Like every statement here that records a call's
+-- outcome (the ends, advances and retries), it clears the step's cause: what the
+-- dispatcher now knows replaces it.
 UPDATE {{ns}}.step
    SET state = $3,
        effect = coalesce($4::text, effect),
+       cause = NULL, cause_status = NULL,
        due_at = NULL,
        ended_at = {{ns}}.now(),
        lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -396,6 +514,7 @@ WITH ended AS (
     UPDATE {{ns}}.step
        SET state = $3,
            effect = coalesce($4::text, effect),
+           cause = NULL, cause_status = NULL,
            due_at = NULL,
            ended_at = {{ns}}.now(),
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -437,6 +556,7 @@ WITH r AS (
     UPDATE {{ns}}.step s
        SET state = $4,
            effect = coalesce($5::text, s.effect),
+           cause = NULL, cause_status = NULL,
            due_at = NULL,
            ended_at = {{ns}}.now(),
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -489,6 +609,7 @@ WITH r AS (
     UPDATE {{ns}}.step s
        SET state = $4,
            effect = coalesce($5::text, s.effect),
+           cause = NULL, cause_status = NULL,
            due_at = NULL,
            ended_at = {{ns}}.now(),
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -520,6 +641,7 @@ WITH ended AS (
     UPDATE {{ns}}.step
        SET state = $3,
            effect = coalesce($4::text, effect),
+           cause = NULL, cause_status = NULL,
            due_at = NULL,
            ended_at = {{ns}}.now(),
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -540,9 +662,12 @@ RETURNING state;
 
 -- name: dispatcher_step_uncertain
 -- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was sent and its effect
--- is unknown: it waits for an operator and is never resent by the dispatcher.
+-- is unknown: it waits for an operator and is never resent by the dispatcher. $3 (text)
+-- is the cause, how the answer went missing (see step.cause in schema.sql); $4 (integer)
+-- the product's status for status-5xx, null with every other cause.
 UPDATE {{ns}}.step
    SET state = 'uncertain', effect = 'unknown', due_at = NULL,
+       cause = $3::text, cause_status = $4::integer,
        lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
        updated_at = {{ns}}.now()
  WHERE run_id = $1 AND step_id = $2;
@@ -552,6 +677,7 @@ UPDATE {{ns}}.step
 -- processed: it is ready again, due in $3 (float8) seconds, with the same command and key.
 UPDATE {{ns}}.step
    SET state = 'ready',
+       cause = NULL, cause_status = NULL,
        due_at = {{ns}}.now() + make_interval(secs => $3::float8),
        lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
        updated_at = {{ns}}.now()

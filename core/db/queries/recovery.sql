@@ -54,6 +54,11 @@ SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
          WHERE ended_at IS NULL AND state = 'waiting') AS waiting
   FROM {{ns}}.deployment d, {{ns}}.hold h;
 
+-- name: recovery_token_refusals
+-- The connections whose last token request the issuer refused, with its error code, by
+-- connection name (the doctor's tokenRefusals).
+SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
+
 -- name: recovery_run_state_counts
 -- How many runs are in each state (states without runs are absent).
 SELECT state, count(*) AS runs FROM {{ns}}.run GROUP BY state;

@@ -10,7 +10,13 @@
 -- stored command and key, and the dispatcher of an ordinary instance sends it.
 --
 -- A run's attention follows its steps: it is true while a step is uncertain or not-sent
--- (an operator still has to act), so every write that settles such a step recomputes it.
+-- (an operator still has to act) or is a call ready again after the issuer refused its
+-- token (the dispatcher cannot act), so every write that settles such a step recomputes it.
+--
+-- A step's cause (why its effect is unknown) stays while an operator's action leaves the
+-- effect unknown (retry-same makes the step ready with it) and is cleared when the effect
+-- becomes known: accepted on a receipt, or nothing when the product proves it never
+-- received the command.
 -- All time comes from {{ns}}.now(), so tests move a fake clock instead of waiting.
 
 -- name: recovery_action_run
@@ -81,10 +87,13 @@ RETURNING id;
 
 -- name: recovery_step_end
 -- End step $2 (text) of run $1 (text), locked by recovery_step_lock, in state $3
--- (completed, failed or cancelled) with effect $4 (text or null, set as given).
+-- (completed, failed or cancelled) with effect $4 (text or null, set as given). The cause
+-- stays only while the effect stays unknown.
 UPDATE {{ns}}.step
    SET state = $3,
        effect = $4::text,
+       cause = CASE WHEN $4::text = 'unknown' THEN cause END,
+       cause_status = CASE WHEN $4::text = 'unknown' THEN cause_status END,
        due_at = NULL,
        ended_at = {{ns}}.now(),
        lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -95,7 +104,7 @@ UPDATE {{ns}}.step
 -- Step $2 (text) of run $1 (text), locked by recovery_step_lock: the product proved it never
 -- received the command. Nothing is due; an operator retries the same command or cancels.
 UPDATE {{ns}}.step
-   SET state = 'not-sent', effect = NULL, due_at = NULL,
+   SET state = 'not-sent', effect = NULL, due_at = NULL, cause = NULL, cause_status = NULL,
        updated_at = {{ns}}.now()
  WHERE run_id = $1 AND step_id = $2;
 
@@ -111,7 +120,7 @@ RETURNING seq;
 
 -- name: recovery_run_continue
 -- Run $1 (text) goes on: running, unless another of its steps is still uncertain (then it
--- stays held); attention while a step is uncertain or not-sent. An ended run is left alone.
+-- stays held); attention as the header says. An ended run is left alone.
 UPDATE {{ns}}.run r
    SET state = CASE
                    WHEN EXISTS (SELECT 1 FROM {{ns}}.step s
@@ -119,7 +128,9 @@ UPDATE {{ns}}.run r
                    THEN 'held' ELSE 'running'
                END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
-                            WHERE s.run_id = r.id AND s.state IN ('uncertain', 'not-sent')),
+                            WHERE s.run_id = r.id
+                              AND (s.state IN ('uncertain', 'not-sent')
+                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
@@ -128,7 +139,9 @@ UPDATE {{ns}}.run r
 -- or cancelling run whose held call an operator settled).
 UPDATE {{ns}}.run r
    SET attention = EXISTS (SELECT 1 FROM {{ns}}.step s
-                            WHERE s.run_id = r.id AND s.state IN ('uncertain', 'not-sent')),
+                            WHERE s.run_id = r.id
+                              AND (s.state IN ('uncertain', 'not-sent')
+                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
        updated_at = {{ns}}.now()
  WHERE r.id = $1;
 
@@ -142,7 +155,9 @@ UPDATE {{ns}}.run r
        failure_path = CASE WHEN r.cancelling THEN NULL ELSE $4 END,
        failure_step = CASE WHEN r.cancelling THEN NULL ELSE $5 END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
-                            WHERE s.run_id = r.id AND s.state IN ('uncertain', 'not-sent')),
+                            WHERE s.run_id = r.id
+                              AND (s.state IN ('uncertain', 'not-sent')
+                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
        ended_at = {{ns}}.now(),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL
@@ -151,7 +166,7 @@ RETURNING state;
 -- name: recovery_step_retry_same
 -- Step $2 (text) of run $1 (text), locked by recovery_step_lock, is to be sent again: ready
 -- and due now, its stored command and command key kept, so the dispatcher sends exactly
--- that command under the same key. The effect stays what it was.
+-- that command under the same key. The effect, and its cause, stay what they were.
 UPDATE {{ns}}.step
    SET state = 'ready',
        due_at = {{ns}}.now(),
@@ -202,7 +217,9 @@ UPDATE {{ns}}.run r
        cancel_seq = $2::integer,
        state = CASE WHEN $2::integer IS NOT NULL THEN 'running' ELSE r.state END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
-                            WHERE s.run_id = r.id AND s.state IN ('uncertain', 'not-sent')),
+                            WHERE s.run_id = r.id
+                              AND (s.state IN ('uncertain', 'not-sent')
+                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
@@ -213,7 +230,9 @@ UPDATE {{ns}}.run r
 UPDATE {{ns}}.run r
    SET state = 'cancelled',
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
-                            WHERE s.run_id = r.id AND s.state IN ('uncertain', 'not-sent')),
+                            WHERE s.run_id = r.id
+                              AND (s.state IN ('uncertain', 'not-sent')
+                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
        ended_at = {{ns}}.now(),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL AND r.cancelling AND r.cancel_seq IS NULL

@@ -34,8 +34,9 @@ RETURNING epoch;
 -- either has a command whose effect is not accepted (a command key, prepared, or already
 -- uncertain: an earlier snapshot also holds leased steps that never stored a key), or is
 -- held under a lease (its holder may have prepared and sent since). Each becomes uncertain
--- with an unknown effect, not due and without a lease; its run, unless ended, is held with
--- attention. Answers how many steps and runs the snapshot holds.
+-- with an unknown effect and cause restore-snapshot (one already uncertain keeps the cause
+-- it had), not due and without a lease; its run, unless ended, is held with attention.
+-- Answers how many steps and runs the snapshot holds.
 WITH found AS (
     SELECT s.run_id, s.step_id
       FROM {{ns}}.step s
@@ -51,6 +52,10 @@ WITH found AS (
 ), uncertain AS (
     UPDATE {{ns}}.step s
        SET state = 'uncertain', effect = 'unknown', due_at = NULL,
+           cause = CASE WHEN s.state = 'uncertain' AND s.cause IS NOT NULL
+                        THEN s.cause ELSE 'restore-snapshot' END,
+           cause_status = CASE WHEN s.state = 'uncertain' AND s.cause IS NOT NULL
+                               THEN s.cause_status END,
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
            updated_at = {{ns}}.now()
       FROM found f

@@ -15,8 +15,8 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- name: run_steps
 -- The steps run $1 (text) has reached, in the order it reached them. Only the columns
 -- inspection shows: never the command, its key or the lease.
-SELECT step_id, seq, step_type, state, attempts, effect, due_at, next_check_at,
-       timeout_at, checks, started_at, ended_at
+SELECT step_id, seq, step_type, state, attempts, effect, cause, cause_status, due_at,
+       next_check_at, timeout_at, checks, started_at, ended_at
   FROM {{ns}}.step
  WHERE run_id = $1
  ORDER BY seq;

@@ -53,8 +53,8 @@ UPDATE {{ns}}.step
 -- name: waits_run_attention
 -- Set run $1's (text) attention to $2 (boolean) while it waits: true when the product
 -- refused to show it the result, false again once a read is answered. Attention is never
--- cleared from a run with an uncertain step (that is an operator's business) or an ended
--- run. Answers the run id when something changed.
+-- cleared from a run with an uncertain step (that is an operator's business), a call whose
+-- token the issuer refused, or an ended run. Answers the run id when something changed.
 UPDATE {{ns}}.run r
    SET attention = $2::boolean, updated_at = {{ns}}.now()
  WHERE r.id = $1
@@ -62,7 +62,9 @@ UPDATE {{ns}}.run r
    AND r.attention IS DISTINCT FROM $2::boolean
    AND ($2::boolean
         OR NOT EXISTS (SELECT 1 FROM {{ns}}.step s
-                        WHERE s.run_id = r.id AND s.state = 'uncertain'))
+                        WHERE s.run_id = r.id
+                          AND (s.state = 'uncertain'
+                               OR (s.state = 'ready' AND s.cause = 'token-refused'))))
 RETURNING r.id;
 
 -- name: waits_wake
