@@ -8,9 +8,13 @@ The order is the whole point:
    binding cannot make a request of, fails the run with ``invalid-command`` and its JSON
    pointer; nothing is sent and no token is asked for.
 2. Obtain the connection's access token (a failure here sends nothing; try again later).
+   A definite refusal by the issuer, or a grant narrower than the connection's scopes, is
+   made visible: the step shows ``token-refused``, its run ``attention``, doctor the
+   connection, until a token comes or the step's deadline passes.
 3. Commit the sealed command and its command key as *prepared* — before a byte leaves.
 4. Send it, outside any transaction, with ``Idempotency-Key: <command key>``.
-5. Classify the answer and commit the outcome together with the next step:
+5. Classify the answer (:mod:`dispatcher.classify`, over what :mod:`core.products.http`
+   reports) and commit the outcome together with the next step:
    accepted → keep the response and the mapped output, continue (a mapping that fails is
    ``mapping-invalid``, the effect staying accepted); definitely not processed → the same
    command and key again after a growing delay, until the deadline; refused → ``onRefused``
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +115,7 @@ async def _send(
     request: AuthorizedRequest,
     step: CallStep,
     deadline_in: float | None,
+    tls: ssl.SSLContext | None,
     connection_type: str,
     flight: Flight,
 ) -> Classified:
@@ -126,7 +132,7 @@ async def _send(
             timeout=env.calls.timeout(
                 step.connection, step.deadline_seconds if deadline_in is None else deadline_in
             ),
-            tls=env.calls.tls(step.connection),
+            tls=tls,
         )
         result = classify_answer(answer.status, answer.body)
     except ExchangeFailure as failure:
@@ -182,6 +188,15 @@ async def execute(
         await _fail(env, claimed, Failure("invalid-command", unbuildable.pointer))
         return
 
+    try:
+        # (A private root is read the first time its connection calls: before anything is
+        # committed, so a root that cannot be read leaves nothing prepared behind.)
+        tls = env.calls.tls(step.connection)
+    except CoordinatorError as exc:
+        log.warning("connection %s cannot call: %s", step.connection, exc.detail)
+        await env.settler.unprepare(claimed, env.settings.error_retry_seconds)
+        return
+
     # Without a token nothing is sent: the step stays ready and is tried again.
     token = await call_token(env, step.connection)
     if isinstance(token, TokenRefused):
@@ -215,7 +230,9 @@ async def execute(
 
     env.crash_points.reached(AFTER_PREPARE)
     deadline_in = prepared.deadline_in
-    result = await _send(env, request.authorized(token), step, deadline_in, connection_type, flight)
+    result = await _send(
+        env, request.authorized(token), step, deadline_in, tls, connection_type, flight
+    )
     if result.result == REFUSED and result.status == 401:
         # The product did not process it; its verdict may only be about a stale token.
         env.tokens.invalidate(step.connection)
@@ -224,7 +241,7 @@ async def execute(
             result = Classified(RETRYABLE, "401, and no fresh token", 401)
         else:
             result = await _send(
-                env, request.authorized(fresh), step, deadline_in, connection_type, flight
+                env, request.authorized(fresh), step, deadline_in, tls, connection_type, flight
             )
     env.crash_points.reached(AFTER_ANSWER)
     flight.phase = SETTLING

@@ -78,6 +78,10 @@ class HostRouter(httpx.AsyncBaseTransport):
         """Take ``host`` down: its requests now fail to connect."""
         self._transports.pop(httpx.URL(host).netloc.decode() if "://" in host else host, None)
 
+    def serves(self, netloc: str) -> bool:
+        """Whether a ``host[:port]`` has an application now."""
+        return netloc in self._transports
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         transport = self._transports.get(request.url.netloc.decode())

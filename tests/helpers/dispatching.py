@@ -26,6 +26,7 @@ import yaml
 
 from core.crypto import keyring_from_config
 from core.derive import command_key
+from core.products.http import Exchanger
 from core.runtime import Store
 from devstack.issuer import DevIssuer, generate_private_jwk
 from devstack.postgres import DatabaseHandle
@@ -47,9 +48,14 @@ from tests.helpers.deployment import (
     write_secret,
 )
 from tests.helpers.devstack_kit import HostRouter, client_for
+from tests.helpers.loopback import LoopbackHttp
 from tests.helpers.runs import insert_started_run
 
 MESSAGING = "https://messaging.internal.example.org"
+IN_PROCESS = "in-process"
+"""The dispatcher calls the router's stand-ins directly (no sockets)."""
+LOOPBACK = "loopback"
+"""The dispatcher's real client, over 127.0.0.1, to a server in front of the router."""
 CLIENT = "coordinator-notices"
 FORMAT = "registry-coordinator/workflow/v1"
 
@@ -272,10 +278,13 @@ async def dispatch_kit(
     *,
     workflows: Mapping[str, bytes] | None = None,
     connections: dict[str, Any] | None = None,
+    wire: str = IN_PROCESS,
 ) -> AsyncIterator[DispatchKit]:
     """An applied deployment of ``workflows`` (:data:`WORKFLOWS` unless given) with issuer
     and Messaging stand-in; ``connections`` replaces the deployment's connections (each
-    signing with ``secret:file/notices-client.jwk``)."""
+    signing with ``secret:file/notices-client.jwk``). ``wire`` is how the dispatcher reaches
+    them: :data:`IN_PROCESS` (the router called directly) or :data:`LOOPBACK` (aiohttp over
+    real sockets to a server in front of the same router)."""
     deployment = TestDeployment.create(tmp_path, database, workflows=())
     write_packages(deployment, (WORKFLOWS if workflows is None else workflows).values())
     if connections is not None:
@@ -285,7 +294,12 @@ async def dispatch_kit(
     checked, resolver, runtime = await applied(deployment)
 
     router = HostRouter()
-    http = AsgiHttp(router)
+    http: Exchanger
+    if wire == LOOPBACK:
+        http = LoopbackHttp(router)
+        await http.start()
+    else:
+        http = AsgiHttp(router)
     issuer = dev_issuer(tmp_path, [client_for(CLIENT, jwk, {"messages:send", "receipts:read"})])
     messaging = MessagingStandIn(
         StandInSettings(base_url=MESSAGING, issuer=ISSUER, allowed_clients=frozenset({CLIENT})),

@@ -16,6 +16,8 @@ from devstack.postgres import DatabaseHandle
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settings import DispatchSettings
 from tests.helpers.dispatching import (
+    IN_PROCESS,
+    LOOPBACK,
     MESSAGING,
     DispatchKit,
     ScriptedProduct,
@@ -32,9 +34,13 @@ pytestmark = pytest.mark.postgres
 ACCEPTED_BODY = {"messageId": "msg-scripted", "acceptedAt": "2027-03-01T08:00:00.000Z"}
 
 
-@pytest.fixture
-async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
-    async with dispatch_kit(tmp_path, database) as made:
+@pytest.fixture(params=[IN_PROCESS, LOOPBACK])
+async def kit(
+    tmp_path: Path, database: DatabaseHandle, request: pytest.FixtureRequest
+) -> AsyncIterator[DispatchKit]:
+    # Every test twice: the stand-ins called in-process, and over real loopback sockets
+    # with the coordinator's own HTTP client on the path.
+    async with dispatch_kit(tmp_path, database, wire=request.param) as made:
         yield made
 
 

@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 from aiohttp import client_exceptions, http_exceptions
 
@@ -13,6 +19,7 @@ from core.products.http import (
     FRAMING_VIOLATION,
     KEEPALIVE_ENV,
     KEEPALIVE_SECONDS,
+    NEVER_CONNECTED,
     UNREADABLE_ANSWER,
     UNSENDABLE,
     ExchangeFailure,
@@ -20,6 +27,8 @@ from core.products.http import (
     _failure,
     keepalive_seconds,
 )
+from core.products.tls import product_ssl_context
+from devstack.postgres_tls import LOOPBACK, CertificateAuthority
 
 
 def test_keepalive_defaults_to_two_seconds_and_takes_zero_to_sixty() -> None:
@@ -92,3 +101,76 @@ def test_anything_else_after_connecting_is_a_lost_connection_never_a_retry(
 ) -> None:
     failure = _failure(error)
     assert (failure.cause, failure.sent) == (CONNECTION_LOST, True)
+
+
+# -- a product behind TLS with a private root ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def product_ca() -> CertificateAuthority:
+    return CertificateAuthority.create("Private products CA")
+
+
+@pytest.fixture
+async def https_product(
+    tmp_path: Path, product_ca: CertificateAuthority
+) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """An HTTPS product on 127.0.0.1 whose certificate chains to ``product_ca`` only;
+    answers 201 to every request and lists the request lines it read."""
+    cert_pem, key_pem = product_ca.issue_server(("localhost", LOOPBACK))
+    cert, key = tmp_path / "product.crt", tmp_path / "product.key"
+    cert.write_bytes(cert_pem)
+    key.write_bytes(key_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head.split(b"\r\n", 1)[0])
+            writer.write(b'HTTP/1.1 201 Created\r\nContent-Length: 11\r\n\r\n{"ok":true}')
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, LOOPBACK, 0, ssl=context)
+    try:
+        yield f"https://localhost:{server.sockets[0].getsockname()[1]}", seen
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_private_root_is_trusted_for_its_connection(
+    https_product: tuple[str, list[bytes]], product_ca: CertificateAuthority
+) -> None:
+    url, seen = https_product
+    http = ProductHttp()
+    try:
+        answer = await http.exchange(
+            "POST",
+            url + "/v1/x",
+            headers={},
+            body=b"{}",
+            timeout=5.0,
+            tls=product_ssl_context(product_ca.pem),
+        )
+    finally:
+        await http.close()
+    assert (answer.status, answer.body) == (201, b'{"ok":true}')
+    assert seen == [b"POST /v1/x HTTP/1.1"]
+
+
+async def test_an_untrusted_certificate_is_never_connected_so_nothing_was_sent(
+    https_product: tuple[str, list[bytes]],
+) -> None:
+    url, seen = https_product
+    http = ProductHttp()
+    try:
+        with pytest.raises(ExchangeFailure) as caught:
+            # The system roots do not vouch for the private root.
+            await http.exchange("POST", url + "/v1/x", headers={}, body=b"{}", timeout=5.0)
+    finally:
+        await http.close()
+    assert (caught.value.cause, caught.value.sent) == (NEVER_CONNECTED, False)
+    assert seen == []
