@@ -420,7 +420,8 @@ WITH r AS (
            updated_at = {{ns}}.now()
       FROM r
      WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
-       AND s.step_type = 'call' AND s.state IN ('ready', 'prepared')
+       -- (never a prepared step: its command may have left, and only a claim may say so)
+       AND s.step_type = 'call' AND s.state = 'ready'
     RETURNING s.due_at
 ), noticed AS (
     UPDATE {{ns}}.run u
