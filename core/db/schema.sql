@@ -173,8 +173,18 @@ CREATE INDEX run_newest ON {{ns}}.run (created_at DESC, id DESC);
 -- a non-operator's list: only its principal's runs
 CREATE INDEX run_principal
     ON {{ns}}.run (principal_iss, principal_sub, created_at DESC, id DESC);
--- live runs per workflow: --remove-workflow, live bindings, doctor counts
-CREATE INDEX run_live ON {{ns}}.run (workflow_id) WHERE ended_at IS NULL;
+-- live runs by state and workflow: --remove-workflow, live bindings, doctor's and the
+-- metrics' bounded counts. Its predicate
+-- names the live states rather than "ended_at IS NULL" (the same rows, by the CHECK above)
+-- so that only a statement asking for live runs by state can use it: a look-up of one run
+-- by id that also says "ended_at IS NULL" must never be planned through it, which statistics
+-- taken while no run was live (the index looked empty) once made the planner do, reading
+-- every live run per look-up.
+CREATE INDEX run_live ON {{ns}}.run (state, workflow_id)
+    WHERE state IN ('running', 'waiting', 'held');
+-- ended runs by state: the bounded counts of doctor and the metrics (run_live has the live)
+CREATE INDEX run_ended ON {{ns}}.run (state)
+    WHERE state IN ('succeeded', 'failed', 'cancelled');
 -- list --attention true
 CREATE INDEX run_attention ON {{ns}}.run (created_at DESC, id DESC) WHERE attention;
 -- retention: ended runs whose payloads still exist

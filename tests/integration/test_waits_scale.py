@@ -31,16 +31,10 @@ from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel, unix_endpoints
 from devstack.postgres import DatabaseHandle
 from tests.helpers.review_kit import (
-    CASEWORK,
-    PRODUCER,
-    PROJECT,
-    REVIEW_CLIENT,
-    REVIEW_SCOPES,
-    WAIT,
-    WORKFLOW,
     ReviewKit,
     review_kit,
 )
+from tests.helpers.scale import insert_waiting_runs
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -143,55 +137,6 @@ async def dispatcher_process(
             process.stderr.close()
 
 
-async def insert_waiting_runs(kit: ReviewKit, count: int) -> None:
-    """``count`` runs waiting for a review decision: one INSERT … SELECT per table."""
-    ns = kit.ns
-    digest = kit.checked.packages[WORKFLOW].digest
-    config = kit.checked.config
-    notices = config.connections["notices"]
-    issuer = config.deployment.authentication.issuer
-    async with kit.db.transaction():
-        await kit.db.execute(
-            f"INSERT INTO {ns}.run (id, workflow_id, package_digest, principal_iss, "
-            "principal_sub, client_id, state, created_at, updated_at) "
-            "SELECT 'scale-' || i, $1, $2, 'https://issuer.example.org', 'scale', 'intake', "
-            "'waiting', $3, $3 FROM generate_series(1, $4) AS i",
-            WORKFLOW,
-            digest,
-            T0,
-            count,
-        )
-        bindings = [
-            ("review", "casework-review-producer", CASEWORK, REVIEW_CLIENT, list(REVIEW_SCOPES),
-             CASEWORK, PROJECT, PRODUCER),
-            ("notices", "messaging", notices.base_url, notices.authorization.client_id,
-             list(notices.authorization.scopes), notices.token_audience, notices.profile, None),
-        ]  # fmt: skip
-        for name, kind, base, client, scopes, audience, profile, producer in bindings:
-            await kit.db.execute(
-                f"INSERT INTO {ns}.binding (run_id, connection, connection_type, base_url, "
-                "client_id, issuer, scopes, audience, profile, producer) "
-                "SELECT 'scale-' || i, $1, $2, $3, $4, $5, $6, $7, $8, $9 "
-                "FROM generate_series(1, $10) AS i",
-                name, kind, base, client, issuer, scopes, audience, profile, producer, count,
-            )  # fmt: skip
-        # Next checks spread over the day after T0; timeouts two weeks out.
-        await kit.db.execute(
-            f"INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, due_at, "
-            "next_check_at, timeout_at, wait_match, checks, started_at, updated_at) "
-            "SELECT 'scale-' || i, $1, 2, 'wait-for', 'waiting', "
-            "$2::timestamptz + make_interval(secs => 3600 + i * 15), "
-            "$2::timestamptz + make_interval(secs => 3600 + i * 15), "
-            "$2::timestamptz + interval '14 days', sha256(convert_to('scale-' || i, 'UTF8')), "
-            "1, $2, $2 "
-            "FROM generate_series(1, $3) AS i",
-            WAIT,
-            T0,
-            count,
-        )
-    await kit.db.execute(f"ANALYZE {ns}.run, {ns}.step, {ns}.binding")
-
-
 async def explain(db: asyncpg.Connection, sql: str, now: datetime, *args: Any) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of one dispatcher query at ``now``; nothing is kept."""
     tx = db.transaction()
@@ -257,7 +202,7 @@ async def test_five_thousand_waiting_runs_cost_no_memory_and_no_work_per_tick(
         rss_before = rss_kib(process.pid)
 
         began = time.monotonic()
-        await insert_waiting_runs(kit, WAITING)
+        await insert_waiting_runs(kit, WAITING, T0)
         inserted_in = time.monotonic() - began
 
         ticks_after, rows_after = await looks(kit.db, namespace, 10)

@@ -9,7 +9,7 @@ SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.sco
        b.profile, b.producer, count(*) AS runs
   FROM {{ns}}.run r
   JOIN {{ns}}.binding b ON b.run_id = r.id
- WHERE r.ended_at IS NULL
+ WHERE r.state IN ('running', 'waiting', 'held')
  GROUP BY b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.scopes,
           b.profile, b.producer
  ORDER BY b.connection;

@@ -55,8 +55,9 @@ ON CONFLICT (workflow_id) DO UPDATE
 DELETE FROM {{ns}}.activation WHERE workflow_id = $1;
 
 -- name: live_run_count
--- How many runs of workflow $1 (text) have not ended.
-SELECT count(*) AS live FROM {{ns}}.run WHERE workflow_id = $1 AND ended_at IS NULL;
+-- How many runs of workflow $1 (text) have not ended (the live states: run_live's rows).
+SELECT count(*) AS live FROM {{ns}}.run
+ WHERE workflow_id = $1 AND state IN ('running', 'waiting', 'held');
 
 -- name: custody_list
 -- Every recorded key fingerprint: kind ('state' or 'admission'), version (0 for the

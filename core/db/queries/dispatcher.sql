@@ -100,25 +100,28 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
 -- nothing live by this ends cancelled instead of held (keeping the attention), as a settle
 -- would have ended it.
 -- Answers how many leases were released and how many steps became uncertain.
-WITH expired AS (
-    SELECT run_id, step_id, state = 'prepared' AS abandoned
-      FROM {{ns}}.step
-     WHERE lease_owner IS NOT NULL AND lease_expires_at < {{ns}}.now()
-     ORDER BY lease_expires_at
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
-), released AS (
+-- The expired leases are found through step_leased and then updated by their row
+-- addresses (a TID scan), never joined back to step: with LIMIT $1 unknown to a generic
+-- plan, a join could be planned as a scan of every step, each second, per dispatcher.
+WITH released AS (
     UPDATE {{ns}}.step s
-       SET state = CASE WHEN e.abandoned THEN 'uncertain' ELSE s.state END,
-           effect = CASE WHEN e.abandoned THEN 'unknown' ELSE s.effect END,
-           cause = CASE WHEN e.abandoned THEN 'lease-expired' ELSE s.cause END,
-           cause_status = CASE WHEN e.abandoned THEN NULL ELSE s.cause_status END,
-           due_at = CASE WHEN e.abandoned THEN NULL ELSE s.due_at END,
+       SET state = CASE WHEN s.state = 'prepared' THEN 'uncertain' ELSE s.state END,
+           effect = CASE WHEN s.state = 'prepared' THEN 'unknown' ELSE s.effect END,
+           cause = CASE WHEN s.state = 'prepared' THEN 'lease-expired' ELSE s.cause END,
+           cause_status = CASE WHEN s.state = 'prepared' THEN NULL ELSE s.cause_status END,
+           due_at = CASE WHEN s.state = 'prepared' THEN NULL ELSE s.due_at END,
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
            updated_at = {{ns}}.now()
-      FROM expired e
-     WHERE s.run_id = e.run_id AND s.step_id = e.step_id
-    RETURNING s.run_id, s.step_id, e.abandoned
+     WHERE s.ctid = ANY (ARRAY(
+               SELECT x.ctid
+                 FROM {{ns}}.step x
+                WHERE x.lease_owner IS NOT NULL AND x.lease_expires_at < {{ns}}.now()
+                ORDER BY x.lease_expires_at
+                LIMIT $1
+                  FOR UPDATE SKIP LOCKED))
+       AND s.lease_owner IS NOT NULL
+    -- (a leased step is never uncertain before this: only prepared ones become so here)
+    RETURNING s.run_id, s.step_id, s.state = 'uncertain' AS abandoned
 ), closed AS (
     -- Read in the statement's snapshot, where the steps released here still hold their
     -- leases: those becoming uncertain are not counted as live, the others (due again) are.

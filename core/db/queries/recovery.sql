@@ -38,20 +38,18 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 
 -- name: recovery_doctor
 -- One row for the doctor report: schema version, databaseId, activation serial, holds, and
--- the counts of uncertain steps, held runs, due unclaimed steps and waiting runs.
+-- the counts of uncertain steps (the operator's backlog, through step_uncertain) and of
+-- due unclaimed steps (the dispatchers' backlog, through step_due). The runs per state are
+-- recovery_run_state_counts.
 SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
        d.database_id::text AS database_id,
        d.activation_serial,
        h.execution_hold,
        h.admission_hold,
        (SELECT count(*) FROM {{ns}}.step WHERE state = 'uncertain') AS uncertain,
-       (SELECT count(*) FROM {{ns}}.run
-         WHERE ended_at IS NULL AND state = 'held') AS held,
        (SELECT count(*) FROM {{ns}}.step
          WHERE due_at IS NOT NULL AND lease_owner IS NULL
-           AND due_at <= {{ns}}.now()) AS due_jobs,
-       (SELECT count(*) FROM {{ns}}.run
-         WHERE ended_at IS NULL AND state = 'waiting') AS waiting
+           AND due_at <= {{ns}}.now()) AS due_jobs
   FROM {{ns}}.deployment d, {{ns}}.hold h;
 
 -- name: recovery_token_refusals
@@ -60,5 +58,34 @@ SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
 SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
 
 -- name: recovery_run_state_counts
--- How many runs are in each state (states without runs are absent).
-SELECT state, count(*) AS runs FROM {{ns}}.run GROUP BY state;
+-- How many runs are in each state, each counted up to $1 (integer) and no further: the
+-- count walks run_live or run_ended under its state and stops there, so it costs the same
+-- at a million runs. (Each state is a literal: a partial index is only used for a
+-- condition that names its states.) A count that reaches $1 is completed from
+-- recovery_run_state_estimates.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' LIMIT $1) x)
+           AS running,
+       (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'waiting' LIMIT $1) x)
+           AS waiting,
+       (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'held' LIMIT $1) x)
+           AS held,
+       (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'succeeded' LIMIT $1) x)
+           AS succeeded,
+       (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'failed' LIMIT $1) x)
+           AS failed,
+       (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'cancelled' LIMIT $1) x)
+           AS cancelled;
+
+-- name: recovery_run_state_estimates
+-- PostgreSQL's own estimate of the runs per state, from the statistics ANALYZE (or
+-- autovacuum) last gathered: the table's row count and the most common values of state
+-- with their frequencies. Null arrays before the table was first analysed.
+SELECT c.reltuples::float8 AS rows,
+       s.most_common_vals::text::text[] AS states,
+       s.most_common_freqs::float8[] AS frequencies
+  FROM pg_catalog.pg_class c
+  LEFT JOIN pg_catalog.pg_stats s
+         ON s.schemaname = (SELECT n.nspname FROM pg_catalog.pg_namespace n
+                             WHERE n.oid = c.relnamespace)
+        AND s.tablename = 'run' AND s.attname = 'state'
+ WHERE c.oid = '{{ns}}.run'::regclass;

@@ -1,0 +1,179 @@
+"""No statement a component runs per run or per tick may grow with how many runs exist.
+
+The state set up here is the one that cut a burst of runs from about 270 to about 30 runs/s
+in the bench: statistics gathered while no run was live (``VACUUM ANALYZE`` on a quiet
+night: the partial index of live runs looks empty), then many live runs inserted in bulk
+and never analysed. Every named query (``core/db/queries/*.sql``) is then planned as a
+pooled connection's prepared statement would plan it (``plan_cache_mode =
+force_generic_plan``), and its plan is read node by node. On the tables that grow with the
+runs (``run``, ``step``, ``payload``, ``binding``, ``start_identity``, ``tombstone``), a
+statement may not
+
+- read a whole table (a sequential scan, a bitmap scan without an index condition);
+- walk an index with no condition on it, unless a ``LIMIT`` stops the walk;
+- walk ``run_live``, the partial index of every live run, without a ``LIMIT``: a look-up by
+  run id that can be planned through it reads all of them.
+
+A few statements look at many runs on purpose (an operator's list, retention, the
+activation's live-run checks): :data:`WHOLE_TABLE` names each with the reason it may.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.db.queries import Queries, identifier_words, load, parameter_count, without_comments
+from core.runtime import Store
+from devstack.postgres import DatabaseHandle
+from recovery.reads import COUNTED_EXACTLY, run_counts
+from tests.helpers.review_kit import ReviewKit, review_kit
+from tests.helpers.scale import insert_ended_runs, insert_waiting_runs
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+LIVE = 20_000
+"""Live runs inserted after the quiet VACUUM: enough that reading them all is visible."""
+ENDED = 2_000
+"""Runs that ended before the quiet night: the statistics see a table, but no live run."""
+T0 = datetime(2027, 3, 1, 8, 0, tzinfo=UTC)
+GROWING = frozenset({"run", "step", "payload", "binding", "start_identity", "tombstone"})
+LIVE_RUNS_INDEX = "run_live"
+PLANNABLE = ("SELECT", "WITH", "INSERT", "UPDATE", "DELETE")
+
+WHOLE_TABLE: dict[str, str] = {
+    "bindings_live": "startup only: every live run's bindings against the runtime file",
+    "live_run_count": "plan/apply --remove-workflow only: one workflow's live runs",
+    "recovery_snapshot_take": "restore-hold, a one-off operator action: every call step "
+    "that may have sent, whatever its run",
+    "recovery_leases_drop": "restore-hold, a one-off operator action: every leased step",
+    "recovery_retain": "retain, an operator action: ended runs before a cutoff, LIMIT 100",
+}
+BACKLOG = frozenset({"step_uncertain", "run_attention"})
+"""Partial indexes of what waits for an operator: walking one whole is bounded by the
+operator's backlog, not by how many runs exist."""
+
+
+@pytest.fixture
+async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[ReviewKit]:
+    async with review_kit(tmp_path, database) as made:
+        yield made
+
+
+async def quiet_then_bulk(kit: ReviewKit) -> None:
+    """Statistics taken while :data:`ENDED` runs had ended and none was live, then
+    :data:`LIVE` live runs nobody analysed."""
+    await insert_ended_runs(kit, ENDED, T0)
+    tables = await kit.db.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = $1", kit.deployment.namespace
+    )
+    for row in tables:
+        await kit.db.execute(f'VACUUM ANALYZE {kit.ns}."{row["tablename"]}"')
+    await insert_waiting_runs(kit, LIVE, T0, analyze=False)
+
+
+async def generic_plan(kit: ReviewKit, sql: str) -> dict[str, Any]:
+    """The generic plan of ``sql``: the one a pooled connection's prepared statement may
+    settle on, made without looking at any parameter's value. (``EXPLAIN`` without
+    ``ANALYZE`` plans the statement and runs nothing.)"""
+    count = parameter_count(sql)
+    async with kit.db.transaction():
+        await kit.db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await kit.db.execute(f"PREPARE plan_probe AS {sql}")
+        try:
+            arguments = f"({', '.join(['NULL'] * count)})" if count else ""
+            document = await kit.db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe{arguments}")
+        finally:
+            await kit.db.execute("DEALLOCATE plan_probe")
+    plan: dict[str, Any] = json.loads(document)[0]["Plan"]
+    return plan
+
+
+def nodes(plan: dict[str, Any], limited: bool = False) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every node of ``plan`` with whether a Limit above it stops its walk."""
+    limited = limited or plan.get("Node Type") == "Limit"
+    yield plan, limited
+    for child in plan.get("Plans", []):
+        yield from nodes(child, limited)
+
+
+def faults(plan: dict[str, Any]) -> list[str]:
+    """What in ``plan`` reads more than the rows a statement is about."""
+    found = []
+    for node, limited in nodes(plan):
+        relation = node.get("Relation Name")
+        index = node.get("Index Name")
+        kind = node["Node Type"]
+        if index == LIVE_RUNS_INDEX and not limited:
+            found.append(f"{kind} on {index}")
+        if relation not in GROWING and not (index or "").startswith(tuple(GROWING)):
+            continue
+        if index in BACKLOG:
+            continue
+        if kind == "Seq Scan":
+            found.append(f"Seq Scan on {relation}")
+        elif kind in ("Index Scan", "Index Only Scan") and not limited:
+            if "Index Cond" not in node:
+                found.append(f"{kind} on {index} without a condition")
+        elif kind == "Bitmap Index Scan" and "Index Cond" not in node:
+            found.append(f"Bitmap Index Scan on {index} without a condition")
+    return found
+
+
+async def test_no_per_run_statement_reads_every_live_run(kit: ReviewKit) -> None:
+    await quiet_then_bulk(kit)
+    queries = Queries(kit.deployment.namespace)
+    checked, offending = [], {}
+    for name, text in sorted(load().items()):
+        if identifier_words(text) or name in WHOLE_TABLE:
+            continue  # (statements on roles and schemas, and the deliberate ones above)
+        sql = queries[name]
+        if not without_comments(sql).lstrip().upper().startswith(PLANNABLE):
+            continue
+        plan = await generic_plan(kit, sql)
+        checked.append(name)
+        if found := faults(plan):
+            offending[name] = found
+    assert len(checked) > 80, checked  # (the check itself must not go quiet)
+    assert offending == {}, "\n".join(f"{n}: {f}" for n, f in sorted(offending.items()))
+
+
+async def test_the_plan_check_sees_a_statement_that_reads_every_live_run(
+    kit: ReviewKit,
+) -> None:
+    await quiet_then_bulk(kit)
+    # A look-up by id whose condition implies run_live's predicate: the shape the settle
+    # statements had (with "ended_at IS NULL", run_live's predicate until issue 24).
+    bad = await generic_plan(
+        kit,
+        f"SELECT 1 FROM {kit.ns}.run WHERE id = $1 AND state IN ('running', 'waiting', 'held')",
+    )
+    whole = await generic_plan(kit, f"SELECT count(*) FROM {kit.ns}.step")
+    good = await generic_plan(kit, f"SELECT 1 FROM {kit.ns}.run WHERE id = $1")
+    assert "Index Scan on run_live" in faults(bad)
+    assert faults(whole) != []
+    assert faults(good) == []
+
+
+async def test_runs_per_state_are_exact_up_to_the_cap_and_estimated_past_it(
+    kit: ReviewKit,
+) -> None:
+    await quiet_then_bulk(kit)
+    store = Store(kit.runtime, "recovery")
+    kit.stores.append(store)
+    await store.open()
+    async with store.connection() as conn:
+        stale = await run_counts(conn, store.queries)
+        await kit.db.execute(f"ANALYZE {kit.ns}.run")
+        analysed = await run_counts(conn, store.queries)
+    # Under the cap: exact. Past it, the statistics' estimate — which, taken while no run
+    # was live, says none: the count then says at least the cap, never a made-up zero.
+    assert stale["succeeded"] == analysed["succeeded"] == ENDED
+    assert stale["held"] == stale["running"] == 0
+    assert stale["waiting"] == COUNTED_EXACTLY + 1
+    assert LIVE * 0.9 <= analysed["waiting"] <= LIVE * 1.1
