@@ -1,5 +1,6 @@
 """The bench's arithmetic and its printed report: percentiles, the medians of repeated
-phases, the goals of issue 11 with their verdicts, and the text ``make bench`` prints.
+phases, the goals of issues 11 and 24 with their verdicts, and the text ``make bench``
+prints.
 
 Everything here is a pure function of numbers or of the results document that
 :mod:`bench.run` writes to ``results.json``, so the unit tests can feed it figures of
@@ -28,6 +29,10 @@ GOAL_SCALE_RSS_GROWTH_MIB = 10.0
 # A claim may touch twice the buffers it touched before the waiting runs, plus this many:
 # a tiny claim gains an index level or a visibility-map page without the cost growing.
 SCALE_BUFFER_SLACK = 10
+# Issue 24: after this many waiting runs (in the quiet-VACUUM state), a burst keeps this
+# share of the burst before seeding, and start -> first command keeps the latency goal.
+GOAL_SCALE_WAITING = 1_000_000
+GOAL_SCALE_BURST_SHARE = 0.80
 
 # What the report shows of the server's settings (SHOW), in this order.
 POSTGRES_SETTINGS = (
@@ -148,7 +153,7 @@ def medians(repeats: Sequence[Mapping[str, Any]], raw_per_second: float) -> dict
 
 @dataclass(frozen=True)
 class Goal:
-    """One goal of issue 11 beside the figure achieved; ``ok`` is None when not measured."""
+    """One goal beside the figure achieved; ``ok`` is None when not measured."""
 
     key: str
     label: str
@@ -163,30 +168,132 @@ def verdict(ok: bool | None) -> str:
     return "PASS" if ok else "MISS"
 
 
-def scale_ok(scale: Mapping[str, Any]) -> bool:
-    """Flat memory and constant claim cost: the dispatcher kept working among the waiting
-    runs, grew by less than 10 MiB, and one claim touches at most twice the shared buffers
-    it touched before (plus a little)."""
-    return burst_ok(scale) and rss_growth_ok(scale) and claim_cost_ok(scale)
+def burst_ok(size: Mapping[str, Any]) -> bool:
+    """The burst after seeding ended within its time limit."""
+    return size["burst"] is not None
 
 
-def burst_ok(scale: Mapping[str, Any]) -> bool:
-    return scale["burst_after_rps"] is not None
+def burst_share(before: Mapping[str, Any], size: Mapping[str, Any]) -> float | None:
+    """The burst's runs/s after seeding as a share of the burst's before (None: stalled)."""
+    if size["burst"] is None or before["burst"] is None:
+        return None
+    return float(size["burst"]["runs_per_second"]) / float(before["burst"]["runs_per_second"])
 
 
-def rss_growth_ok(scale: Mapping[str, Any]) -> bool:
-    growth = float(scale["rss_after_mib"]) - float(scale["rss_before_mib"])
+def burst_rate_ok(before: Mapping[str, Any], size: Mapping[str, Any]) -> bool:
+    share = burst_share(before, size)
+    return share is not None and share >= GOAL_SCALE_BURST_SHARE
+
+
+def latency_ok(size: Mapping[str, Any]) -> bool:
+    """p99 start -> first command of the runs paced after the burst (a stall misses)."""
+    paced = size["paced"]
+    return paced is not None and float(paced["send_to_accepted_ms"]["p99"]) <= GOAL_P99_MS
+
+
+def rss_growth_ok(before: Mapping[str, Any], size: Mapping[str, Any]) -> bool:
+    growth = float(size["rss_mib"]) - float(before["rss_mib"])
     return growth < GOAL_SCALE_RSS_GROWTH_MIB
 
 
-def claim_cost_ok(scale: Mapping[str, Any]) -> bool:
-    before = int(scale["claim_before"]["buffers"])
-    after = int(scale["claim_after"]["buffers"])
-    return after <= 2 * before + SCALE_BUFFER_SLACK
+def claim_cost_ok(before: Mapping[str, Any], size: Mapping[str, Any]) -> bool:
+    return int(size["claim"]["buffers"]) <= 2 * int(before["claim"]["buffers"]) + SCALE_BUFFER_SLACK
+
+
+def goal_size(scale: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The size issue 24's goals are judged on: the largest of at least
+    :data:`GOAL_SCALE_WAITING` waiting runs, or None when no such size ran."""
+    if not scale:
+        return None
+    large = [x for x in scale["sizes"] if int(x["size"]) >= GOAL_SCALE_WAITING]
+    return max(large, key=lambda x: int(x["size"])) if large else None
+
+
+def _ms(p: Mapping[str, Any] | None, key: str) -> str:
+    if p is None:
+        return "stalled"
+    q = p[key]
+    return f"{q['p50']:.1f} / {q['p99']:.1f}"
+
+
+def size_goals(before: Mapping[str, Any], size: Mapping[str, Any], runs: int) -> list[Goal]:
+    """The goals of one size of the scale phase, whose bursts were of ``runs`` runs, each
+    against the burst before seeding."""
+    n = int(size["size"])
+    at = f"{n:,} waiting"
+    burst = size["burst"]
+    share = burst_share(before, size)
+    return [
+        Goal(
+            f"scale_burst_{n}",
+            f"{at}: burst of {runs} ends, runs/s",
+            "stalled" if burst is None else f"{burst['runs_per_second']:.1f}",
+            "ends in time",
+            burst_ok(size),
+        ),
+        Goal(
+            f"scale_rate_{n}",
+            f"{at}: burst runs/s vs before seeding",
+            "stalled" if share is None else f"{share * 100:.1f} %",
+            f">= {GOAL_SCALE_BURST_SHARE * 100:.0f} % of {before['burst']['runs_per_second']:.1f}",
+            burst_rate_ok(before, size),
+        ),
+        Goal(
+            f"scale_latency_{n}",
+            f"{at}: start->first command p50/p99, ms",
+            _ms(size["paced"], "send_to_accepted_ms"),
+            f"p99 <= {GOAL_P99_MS:.0f}",
+            latency_ok(size),
+        ),
+        Goal(
+            f"scale_rss_{n}",
+            f"{at}: dispatcher RSS growth, MiB",
+            f"{float(size['rss_mib']) - float(before['rss_mib']):+.1f}",
+            f"< {GOAL_SCALE_RSS_GROWTH_MIB:.0f}",
+            rss_growth_ok(before, size),
+        ),
+        Goal(
+            f"scale_claim_{n}",
+            f"{at}: claim buffers before/after",
+            f"{before['claim']['buffers']} / {size['claim']['buffers']}",
+            f"<= 2x before + {SCALE_BUFFER_SLACK}",
+            claim_cost_ok(before, size),
+        ),
+    ]
+
+
+def scale_goals(scale: Mapping[str, Any] | None) -> list[Goal]:
+    """Each size's goals; issue 24's two goals at 1,000,000 waiting runs show as SKIP when
+    no size reached it, and every goal does when the phase did not run."""
+    if not scale:
+        label = "scale (not run)"
+        return [
+            Goal("scale_burst", f"{label}: burst of runs ends", "not run", "ends in time", None),
+            Goal("scale_rate", f"{label}: burst runs/s vs before seeding", "not run",
+                 f">= {GOAL_SCALE_BURST_SHARE * 100:.0f} %", None),
+            Goal("scale_latency", f"{label}: start->first command p50/p99, ms", "not run",
+                 f"p99 <= {GOAL_P99_MS:.0f}", None),
+            Goal("scale_rss", f"{label}: dispatcher RSS growth, MiB", "not run",
+                 f"< {GOAL_SCALE_RSS_GROWTH_MIB:.0f}", None),
+            Goal("scale_claim", f"{label}: claim buffers before/after", "not run",
+                 f"<= 2x before + {SCALE_BUFFER_SLACK}", None),
+        ]  # fmt: skip
+    runs = int(scale["burst_runs"])
+    found = [g for size in scale["sizes"] for g in size_goals(scale["before"], size, runs)]
+    if goal_size(scale) is None:
+        at = f"{GOAL_SCALE_WAITING:,} waiting"
+        found += [
+            Goal("scale_rate", f"{at}: burst runs/s vs before seeding", "not run",
+                 f">= {GOAL_SCALE_BURST_SHARE * 100:.0f} %", None),
+            Goal("scale_latency", f"{at}: start->first command p50/p99, ms", "not run",
+                 f"p99 <= {GOAL_P99_MS:.0f}", None),
+        ]  # fmt: skip
+    return found
 
 
 def goals(results: Mapping[str, Any]) -> list[Goal]:
-    """Every goal of issue 11, judged on the medians (and the scale phase when it ran)."""
+    """Every goal of issue 11, judged on the medians, and the scale phase's (issues 11 and
+    24) for each size it seeded."""
     m = results["median"]
     rps = float(m["runs_per_second"])
     lat = m["send_to_accepted_ms"]
@@ -236,52 +343,32 @@ def goals(results: Mapping[str, Any]) -> list[Goal]:
             all(x["peak_mib"] <= GOAL_RSS_MIB for x in components) if components else None,
         ),
     ]
-    scale = results.get("scale")
-    waiting = f"{int(scale['waiting_runs']):,} waiting runs" if scale else "scale (not run)"
-    found += [
-        Goal(
-            "scale_burst",
-            f"{waiting}: burst of runs ends, runs/s",
-            (
-                (
-                    "stalled"
-                    if scale["burst_after_rps"] is None
-                    else f"{scale['burst_after_rps']:.1f}"
-                )
-                if scale
-                else "not run"
-            ),
-            "ends in time",
-            burst_ok(scale) if scale else None,
-        ),
-        Goal(
-            "scale_rss",
-            f"{waiting}: dispatcher RSS growth, MiB",
-            f"{scale['rss_after_mib'] - scale['rss_before_mib']:+.1f}" if scale else "not run",
-            f"< {GOAL_SCALE_RSS_GROWTH_MIB:.0f}",
-            rss_growth_ok(scale) if scale else None,
-        ),
-        Goal(
-            "scale_claim",
-            f"{waiting}: claim buffers before/after",
-            (
-                f"{scale['claim_before']['buffers']} / {scale['claim_after']['buffers']}"
-                if scale
-                else "not run"
-            ),
-            f"<= 2x before + {SCALE_BUFFER_SLACK}",
-            claim_cost_ok(scale) if scale else None,
-        ),
-    ]
-    return found
+    return found + scale_goals(results.get("scale"))
+
+
+SCALE_SUMMARY = ("scale_burst", "scale_rss", "scale_claim", "scale", "scale_rate", "scale_latency")
 
 
 def goal_verdicts(results: Mapping[str, Any]) -> dict[str, bool | None]:
-    """``results.json``'s ``goals``: each goal's key and verdict, plus ``scale`` for both
-    scale figures together."""
+    """``results.json``'s ``goals``: each goal's key and verdict (the scale phase's per
+    size, as ``scale_<goal>_<size>``), and the scale phase summed up: ``scale_burst``,
+    ``scale_rss`` and ``scale_claim`` over every size, ``scale`` for those three together,
+    ``scale_rate`` and ``scale_latency`` (issue 24) at 1,000,000 waiting runs; None when
+    not measured."""
     verdicts = {g.key: g.ok for g in goals(results)}
     scale = results.get("scale")
-    verdicts["scale"] = scale_ok(scale) if scale else None
+    if not scale:
+        return {**verdicts, **dict.fromkeys(SCALE_SUMMARY)}
+    before, sizes = scale["before"], scale["sizes"]
+    verdicts["scale_burst"] = all(burst_ok(x) for x in sizes)
+    verdicts["scale_rss"] = all(rss_growth_ok(before, x) for x in sizes)
+    verdicts["scale_claim"] = all(claim_cost_ok(before, x) for x in sizes)
+    verdicts["scale"] = (
+        verdicts["scale_burst"] and verdicts["scale_rss"] and verdicts["scale_claim"]
+    )
+    judged = goal_size(scale)
+    verdicts["scale_rate"] = None if judged is None else burst_rate_ok(before, judged)
+    verdicts["scale_latency"] = None if judged is None else latency_ok(judged)
     return verdicts
 
 
@@ -331,7 +418,7 @@ def _header(results: Mapping[str, Any]) -> list[str]:
 
 
 def _goal_table(results: Mapping[str, Any]) -> list[str]:
-    lines = ["", _row("goal (issue 11)", "achieved", "goal", ""), "-" * RULE]
+    lines = ["", _row("goal (issues 11 and 24)", "achieved", "goal", ""), "-" * RULE]
     lines += [_row(g.label, g.achieved, g.target, verdict(g.ok)) for g in goals(results)]
     return lines
 
@@ -407,31 +494,83 @@ def _cpu(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+SCALE_LABEL = 46
+SCALE_CELL = 15
+
+
+def _scale_row(label: str, cells: Sequence[str]) -> str:
+    return (f"{label:<{SCALE_LABEL}}" + "".join(f"{c:>{SCALE_CELL}}" for c in cells)).rstrip()
+
+
+def _cost(cost: Mapping[str, Any] | None, what: str) -> str:
+    if cost is None:
+        return "-"
+    if what == "buffers":
+        return f"{cost['shared_hit']}+{cost['shared_read']}"
+    return f"{cost['execution_ms']:.3f}"
+
+
 def _scale(results: Mapping[str, Any]) -> list[str]:
     scale = results.get("scale")
     if not scale:
         return ["", "scale phase: not run (--waiting-runs 0)"]
-    before, after = scale["claim_before"], scale["claim_after"]
+    vac = scale["quiet_vacuum"]
+    columns = [scale["before"], *scale["sizes"]]
+    n = int(scale["burst_runs"])
+
+    def row(label: str, cell: Any) -> str:
+        return _scale_row(label, [cell(x) for x in columns])
+
+    def burst(x: Mapping[str, Any], text: Any) -> str:
+        return "stalled" if x["burst"] is None else str(text(x["burst"]))
+
+    largest = columns[-1]
     return [
         "",
-        f"scale: {int(scale['waiting_runs']):,} waiting runs seeded in "
-        f"{scale['seed_seconds']:.1f} s ({scale['shape']})",
-        _row("  dispatcher RSS before / after, MiB",
-             f"{scale['rss_before_mib']:.1f} / {scale['rss_after_mib']:.1f}"),
-        _row(f"  burst of {scale['burst_runs']} runs before / after, runs/s",
-             f"{scale['burst_before_rps']:.1f} / " + (
-                 "stalled" if scale["burst_after_rps"] is None
-                 else f"{scale['burst_after_rps']:.1f}")),
-        _row("  one claim, shared buffers hit+read before",
-             f"{before['shared_hit']}+{before['shared_read']}"),
-        _row("  one claim, shared buffers hit+read after",
-             f"{after['shared_hit']}+{after['shared_read']}"),
-        _row("  one claim, execution ms before / after",
-             f"{before['execution_ms']:.3f} / {after['execution_ms']:.3f}"),
-        _row("  one claim, rows claimed before / after (rolled back)",
-             f"{before['rows']} / {after['rows']}"),
-        f"  claim plan after: {after['plan']}",
+        f"scale, in the quiet-VACUUM state: VACUUM ANALYZE of {vac['tables']} tables while "
+        f"{vac['live_runs']} runs were live ({vac['seconds']:.1f} s), autovacuum off for "
+        f"{', '.join(vac['autovacuum_off'])} ({vac.get('analysed', '?')} of them analysed by "
+        f"it); seeded: {scale['shape']}",
+        _scale_row("", ["before", *(f"{int(x['size']):,}" for x in scale["sizes"])]),
+        row("  waiting runs (counted)", lambda x: f"{int(x['waiting_runs']):,}"),
+        row("  seeded for this size, s",
+            lambda x: f"{x['seed_seconds']:.1f}" if x["size"] else "-"),
+        row("  statistics untouched since the VACUUM",
+            lambda x: "yes" if x["statistics_untouched"] else "NO"),
+        row(f"  burst of {n}, runs/s", lambda x: burst(x, lambda b: f"{b['runs_per_second']:.1f}")),
+        row("    start->accepted in the burst p50/p99, ms",
+            lambda x: _ms(x["burst"], "send_to_accepted_ms")),
+        row("    completion poll p50/max, ms",
+            lambda x: burst(x, lambda b: f"{b['poll_ms']['p50']:.2f} / {b['poll_ms']['max']:.2f}")),
+        row(f"  {n} paced at {scale['rate']:.0f}/s: start->accepted p50/p99",
+            lambda x: _ms(x["paced"], "send_to_accepted_ms")),
+        row("    created->prepared (DB clock) p50/p99, ms",
+            lambda x: _ms(x["paced"], "created_to_prepared_ms")),
+        row("  dispatcher RSS, MiB", lambda x: f"{x['rss_mib']:.1f}"),
+        row("  one claim, shared buffers hit+read", lambda x: _cost(x["claim"], "buffers")),
+        row("  one claim, execution ms", lambda x: _cost(x["claim"], "ms")),
+        row("  one settle, shared buffers hit+read", lambda x: _cost(x["settle"], "buffers")),
+        row("  one settle, execution ms", lambda x: _cost(x["settle"], "ms")),
+        row("  one lease sweep, shared buffers hit+read", lambda x: _cost(x["sweep"], "buffers")),
+        row("  one lease sweep, execution ms", lambda x: _cost(x["sweep"], "ms")),
+        row("  doctor through the API, median ms",
+            lambda x: f"{statistics.median(x['doctor_ms']):.1f}"),
+        row("  doctor's state.waiting",
+            lambda x: "-" if x["doctor_waiting"] is None else f"{int(x['doctor_waiting']):,}"),
+        row("  seconds: burst + paced + readings",
+            lambda x: "{burst:.0f} + {paced:.0f} + {readings:.0f}".format(**x["seconds"])),
+        f"  plans at {int(largest['size']):,} waiting (generic, rolled back):",
+        f"    claim: {largest['claim']['plan']}",
+        f"    settle: {largest['settle']['plan'] if largest['settle'] else '-'}",
+        f"    lease sweep: {largest['sweep']['plan']}",
     ]  # fmt: skip
+
+
+def _timings(results: Mapping[str, Any]) -> list[str]:
+    timings = results.get("timings")
+    if not timings:
+        return []
+    return ["", "phases, s: " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items())]
 
 
 def report(results: Mapping[str, Any]) -> str:
@@ -443,6 +582,7 @@ def report(results: Mapping[str, Any]) -> str:
         *_figures(results),
         *_cpu(results),
         *_scale(results),
+        *_timings(results),
         "-" * RULE,
         f"stand-in: {results['commands']['processed']} commands, "
         f"{results['commands']['twice']} processed twice",

@@ -25,8 +25,15 @@ Phases, in order:
       ``run.created_at`` to the first call step's ``prepared_at`` (the database's clock);
    d. memory again (VmHWM: the peak each process reached so far);
 4. the raw rate, second half;
-5. scale (see :mod:`bench.scale`): ``--waiting-runs`` waiting runs seeded with SQL; the
-   dispatcher's RSS and one claim's buffers before and after.
+5. scale (see :mod:`bench.scale`): the quiet-VACUUM state (VACUUM ANALYZE while no run is
+   live), a burst of ``--burst-runs`` runs before seeding, then for each size of
+   ``--waiting-runs`` that many waiting runs seeded with SQL and another burst; after each
+   burst the dispatcher's RSS, one claim's, one settle's and one lease sweep's buffers and
+   time, and doctor's time through the API.
+
+Every wait for runs to end polls the database for those runs only, by primary key: a count
+over the whole run table cost 30–110 ms with 100,000 runs waiting, every 20 ms, and
+disturbed what it measured.
 
 The medians of the repeats are judged against the goals (:mod:`bench.report`); every
 repeat and the medians are written to ``results.json``.
@@ -53,6 +60,7 @@ import aiohttp
 import asyncpg
 import httpx
 
+from bench.procs import CpuMeter, Memory, component_processes, memory, rss_mib
 from bench.raw import RawResult, measure, scratch_owner_note
 from bench.report import (
     POSTGRES_SETTINGS,
@@ -62,7 +70,7 @@ from bench.report import (
     percentiles,
     report,
 )
-from bench.scale import Scale, ScaleResult
+from bench.scale import SHAPE, Scale, SizeResult, parse_sizes
 from core.db.connect import connect
 from core.workflow.package import build_package
 from devstack.postgres import DatabaseHandle, PostgresServer
@@ -75,13 +83,28 @@ RAW_DATABASE = "bench_raw"
 WORKFLOW_SOURCE = Path(__file__).resolve().parent / "workflow" / "bench-notice"
 WORKFLOW = "bench-notice"
 WARM_UP_RUNS = 10
-SCALE_BURST_RUNS = 100
 SCALE_BURST_TIMEOUT = 60.0
-MIB = 1024 * 1024
+POLL_SECONDS = 0.02
+DOCTOR_CALLS = 3
 STATS_SETTLE_SECONDS = 1.5
 
 
 # ------------------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True)
+class Started:
+    """Starts sent through the API: the run ids answered, each with the client's wall-clock
+    send instant."""
+
+    sent: dict[str, float]
+    errors: int
+    seconds: float
+    """From the first send until every start was answered."""
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.sent)
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,8 @@ class Throughput:
     succeeded: int
     start_errors: int
     commits_per_run: float
+    poll_ms: dict[str, float]
+    """The completion poll's own duration (p50, max) and how many polls it took."""
 
     @property
     def runs_per_second(self) -> float:
@@ -113,14 +138,6 @@ class Latency:
     send_to_accepted_ms: dict[str, float]
     created_to_prepared_ms: dict[str, float]
     start_errors: int
-
-
-@dataclass(frozen=True)
-class Memory:
-    component: str
-    pid: int
-    rss_mib: float
-    peak_mib: float
 
 
 # ------------------------------------------------------------------------------ the stack
@@ -163,13 +180,19 @@ class Bench:
         self.namespace = str(stack.summary["namespace"])
         token_file = stack.mint("producer", "bench-producer", args.state / "producer-token")
         self.token = token_file.read_text().strip()
+        operator_file = stack.mint("operator", "bench-operator", args.state / "operator-token")
+        self.operator_token = operator_file.read_text().strip()
         self.messaging = stack.product_urls["messaging"]
         self.db: asyncpg.Connection | None = None
         self.own_queries = 0
 
     async def open(self) -> None:
+        self.db = await self.connect()
+
+    async def connect(self) -> asyncpg.Connection:
+        """A new connection to the coordinator's database as the migration role."""
         handle = self.server.default
-        self.db = await connect(handle.migration_url, handle.ca_pem, label="bench database")
+        return await connect(handle.migration_url, handle.ca_pem, label="bench database")
 
     async def close(self) -> None:
         if self.db is not None:
@@ -199,23 +222,37 @@ class Bench:
         )
         return int(value)
 
-    async def ended_runs(self) -> int:
+    async def ended_of(self, ids: list[str]) -> set[str]:
+        """Which of the runs ``ids`` have ended: one look-up by primary key each, so the
+        cost follows the runs asked about, never the size of the run table."""
         assert self.db is not None
         self.own_queries += 1
-        # The namespace is the deployment's own, matched against ^coordinator_[a-z0-9_]+$.
-        value = await self.db.fetchval(
-            self.sql("SELECT count(*) FROM {ns}.run WHERE ended_at IS NOT NULL")
+        rows = await self.db.fetch(
+            self.sql("SELECT id FROM {ns}.run WHERE id = ANY($1::text[]) AND ended_at IS NOT NULL"),
+            ids,
         )
-        return int(value)
+        return {str(row["id"]) for row in rows}
 
-    async def wait_ended(self, total: int, timeout: float) -> None:
-        """Poll the database (every 20 ms) until ``total`` runs have ended."""
+    async def wait_ended(self, ids: list[str], timeout: float) -> dict[str, float]:
+        """Poll the database every 20 ms until every run of ``ids`` has ended, asking only
+        about those not seen ended yet; answers the polls' own cost (p50 and max ms, and
+        how many). Raises ``TimeoutError`` after ``timeout`` seconds."""
+        pending = list(ids)
+        spent: list[float] = []
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if await self.ended_runs() >= total:
-                return
-            await asyncio.sleep(0.02)
-        raise TimeoutError(f"only {await self.ended_runs()} of {total} runs ended in {timeout} s")
+        while pending:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"only {len(ids) - len(pending)} of {len(ids)} runs ended in {timeout:.0f} s"
+                )
+            began = time.perf_counter()
+            ended = await self.ended_of(pending)
+            spent.append((time.perf_counter() - began) * 1000)
+            pending = [run for run in pending if run not in ended]
+            if pending:
+                await asyncio.sleep(POLL_SECONDS)
+        found = percentiles(spent)
+        return {"p50": found["p50"], "max": found["max"], "polls": float(len(spent))}
 
     async def start(self, client: aiohttp.ClientSession, label: str) -> tuple[str | None, float]:
         """One start through the API; answers (run id or None, seconds until answered)."""
@@ -248,36 +285,40 @@ class Bench:
 
     async def warm_up(self) -> None:
         """A few runs first: JWKS, access tokens, package cache and pools get filled."""
-        async with self.client(4) as client:
-            await asyncio.gather(*(self.start(client, f"warm-{i}") for i in range(WARM_UP_RUNS)))
-        await self.wait_ended(WARM_UP_RUNS, timeout=60)
+        started = await self.start_many(WARM_UP_RUNS, 4, "warm")
+        await self.wait_ended(started.ids, timeout=60)
 
-    async def throughput(self, runs: int, timeout: float | None = None) -> Throughput:
-        """``runs`` starts, at most ``--start-concurrency`` in flight, timed until all have
-        ended (raises ``TimeoutError`` after ``timeout`` seconds; default by the count)."""
-        before = await self.ended_runs()
-        await asyncio.sleep(STATS_SETTLE_SECONDS)
-        commits_before = await self.commits()
-        own_before = self.own_queries
-        concurrency = self.args.start_concurrency
+    async def start_many(self, runs: int, concurrency: int, label: str) -> Started:
+        """``runs`` starts as fast as answered, at most ``concurrency`` in flight."""
         gate = asyncio.Semaphore(concurrency)
         errors = 0
-        ids: list[str] = []
+        sent: dict[str, float] = {}
 
         async def one(client: aiohttp.ClientSession, index: int) -> None:
             nonlocal errors
             async with gate:
-                run_id, _ = await self.start(client, f"t-{index}")
+                wall = time.time()
+                run_id, _ = await self.start(client, f"{label}-{index}")
             if run_id is None:
                 errors += 1
             else:
-                ids.append(run_id)
+                sent[run_id] = wall
 
         began = time.monotonic()
         async with self.client(concurrency) as client:
             await asyncio.gather(*(one(client, i) for i in range(runs)))
-        starts = time.monotonic() - began
-        await self.wait_ended(before + len(ids), timeout=timeout or max(120.0, runs * 0.5))
+        return Started(sent=sent, errors=errors, seconds=time.monotonic() - began)
+
+    async def throughput(self, runs: int) -> Throughput:
+        """``runs`` starts, at most ``--start-concurrency`` in flight, timed until all have
+        ended."""
+        await asyncio.sleep(STATS_SETTLE_SECONDS)
+        commits_before = await self.commits()
+        own_before = self.own_queries
+        began = time.monotonic()
+        started = await self.start_many(runs, self.args.start_concurrency, "t")
+        ids = started.ids
+        polls = await self.wait_ended(ids, timeout=max(120.0, runs * 0.5))
         elapsed = time.monotonic() - began
         assert self.db is not None
         row = await self.db.fetchrow(
@@ -291,12 +332,31 @@ class Bench:
         return Throughput(
             runs=len(ids),
             seconds=elapsed,
-            starts_seconds=starts,
+            starts_seconds=started.seconds,
             db_span_seconds=float(row["span"]),
             succeeded=int(row["succeeded"]),
-            start_errors=errors,
+            start_errors=started.errors,
             commits_per_run=await self._commits_since(commits_before, own_before) / len(ids),
+            poll_ms=polls,
         )
+
+    async def burst(self, runs: int) -> dict[str, Any]:
+        """``runs`` starts, at most ``--start-concurrency`` in flight, timed until all have
+        ended, with each run's send → the stand-in's acceptance of its first command (under
+        that load). Raises ``TimeoutError`` when they do not end in time."""
+        began = time.monotonic()
+        started = await self.start_many(runs, self.args.start_concurrency, "b")
+        polls = await self.wait_ended(started.ids, timeout=SCALE_BURST_TIMEOUT)
+        elapsed = time.monotonic() - began
+        to_accepted, _ = await self.first_commands(started.sent)
+        return {
+            "runs": len(started.sent),
+            "start_errors": started.errors,
+            "seconds": round(elapsed, 3),
+            "runs_per_second": len(started.sent) / elapsed,
+            "send_to_accepted_ms": percentiles(to_accepted),
+            "poll_ms": polls,
+        }
 
     async def _commits_since(self, before: int, own_before: int) -> float:
         # The coordinator is idle again: wait for its last counts to be published, then
@@ -305,8 +365,9 @@ class Bench:
         own = self.own_queries - own_before + 1
         return float(await self.commits() - before - own)
 
-    async def latency(self, rate: float, seconds: float) -> Latency:
-        before = await self.ended_runs()
+    async def latency(self, rate: float, seconds: float, label: str = "l") -> Latency:
+        """Starts paced open-loop at ``rate`` runs/s for ``seconds``; start → first command
+        of each, two ways (see the module's docstring)."""
         count = int(rate * seconds)
         sent: dict[str, float] = {}
         answered: list[float] = []
@@ -316,7 +377,7 @@ class Bench:
         async def one(client: aiohttp.ClientSession, index: int) -> None:
             nonlocal errors
             wall = time.time()
-            run_id, elapsed = await self.start(client, f"l-{index}")
+            run_id, elapsed = await self.start(client, f"{label}-{index}")
             if run_id is None:
                 errors += 1
                 return
@@ -335,8 +396,23 @@ class Bench:
                 tasks.append(asyncio.create_task(one(client, index)))
             await asyncio.gather(*tasks)
             offered_for = time.monotonic() - began
-        await self.wait_ended(before + len(sent), timeout=120)
+        await self.wait_ended(list(sent), timeout=120)
+        to_accepted, to_prepared = await self.first_commands(sent)
+        return Latency(
+            runs=len(sent),
+            offered_rate=rate,
+            achieved_rate=count / offered_for,
+            pacing_lag_p99_ms=percentiles(lags)["p99"],
+            start_answer_ms=percentiles(answered),
+            send_to_accepted_ms=percentiles(to_accepted),
+            created_to_prepared_ms=percentiles(to_prepared),
+            start_errors=errors,
+        )
 
+    async def first_commands(self, sent: dict[str, float]) -> tuple[list[float], list[float]]:
+        """For the ended runs ``sent`` (run id → client send instant): send → the stand-in's
+        ``acceptedAt`` of the first command, and ``run.created_at`` → the first call step's
+        ``prepared_at``, in ms."""
         accepted = await self.accepted_by_key()
         assert self.db is not None
         rows = await self.db.fetch(
@@ -360,16 +436,28 @@ class Bench:
             sys.stderr.write(
                 f"bench: matched {len(to_accepted)} of {len(sent)} first commands at the stand-in\n"
             )
-        return Latency(
-            runs=len(sent),
-            offered_rate=rate,
-            achieved_rate=count / offered_for,
-            pacing_lag_p99_ms=percentiles(lags)["p99"],
-            start_answer_ms=percentiles(answered),
-            send_to_accepted_ms=percentiles(to_accepted),
-            created_to_prepared_ms=percentiles(to_prepared),
-            start_errors=errors,
-        )
+        return to_accepted, to_prepared
+
+    async def doctor(self) -> tuple[list[float], int | None]:
+        """``GET /v1/operator/doctor`` :data:`DOCTOR_CALLS` times with an operator token, on
+        one connection: each answer's ms, and the runs waiting the last one reported."""
+        spent: list[float] = []
+        waiting: int | None = None
+        async with self.client(1) as client:
+            for _ in range(DOCTOR_CALLS):
+                began = time.perf_counter()
+                async with client.get(
+                    f"{self.stack.url}/v1/operator/doctor",
+                    headers={"Authorization": f"Bearer {self.operator_token}"},
+                ) as answer:
+                    body = await answer.read()
+                spent.append(round((time.perf_counter() - began) * 1000, 2))
+                if answer.status != 200:
+                    sys.stderr.write(f"bench: doctor answered {answer.status}\n")
+                    waiting = None
+                else:
+                    waiting = int(json.loads(body)["state"]["waiting"])
+        return spent, waiting
 
     async def accepted_by_key(self) -> dict[str, float]:
         """The stand-in's acceptance instant of every command, by idempotency key.
@@ -394,112 +482,6 @@ class Bench:
             stats = (await client.get(self.messaging + "/dev/stats")).json()
         processed: dict[str, int] = stats["processed"]
         return len(processed), sum(1 for n in processed.values() if n > 1)
-
-
-# ------------------------------------------------------------------------------ memory
-
-
-def component_processes(launcher_pid: int) -> dict[str, int]:
-    """The launcher and its component children, by component name."""
-    found = {"launcher": launcher_pid}
-    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
-    for child in children:
-        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        if b"--component" in argv:
-            found[argv[argv.index(b"--component") + 1].decode()] = int(child)
-    return found
-
-
-def _status_mib(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of one process, in MiB."""
-    fields: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024 / MIB
-    return fields
-
-
-def rss_mib(pid: int) -> float:
-    """VmRSS of one process now, in MiB."""
-    return round(_status_mib(pid)["VmRSS"], 1)
-
-
-def memory(launcher_pid: int) -> list[Memory]:
-    """VmRSS (now) and VmHWM (peak) of each coordinator process."""
-    out: list[Memory] = []
-    for name, pid in component_processes(launcher_pid).items():
-        fields = _status_mib(pid)
-        out.append(Memory(name, pid, round(fields["VmRSS"], 1), round(fields["VmHWM"], 1)))
-    return out
-
-
-# ------------------------------------------------------------------------------ CPU use
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _machine_busy() -> float:
-    """CPU seconds the whole machine spent not idle, all cores together."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = values[3] + values[4]
-    return (sum(values[:8]) - idle) / TICK
-
-
-class CpuMeter:
-    """CPU seconds per process group of the stack between :meth:`start` and :meth:`stop`."""
-
-    def __init__(self, server: PostgresServer, stack: LocalStack) -> None:
-        self.server = server
-        self.stack = stack
-        self._before: dict[str, float] = {}
-        self._began = 0.0
-
-    def _groups(self) -> dict[str, list[int]]:
-        groups = {
-            name: [pid]
-            for name, pid in component_processes(self.stack.processes["coordinator"].pid).items()
-        }
-        groups["messaging stand-in"] = [self.stack.processes["messaging"].pid]
-        groups["issuer"] = [self.stack.processes["issuer"].pid]
-        postmaster = int((self.server.data_dir / "postmaster.pid").read_text().split()[0])
-        groups["postgres (all backends)"] = [postmaster, *_children(postmaster)]
-        groups["bench client"] = [os.getpid()]
-        return groups
-
-    def _sample(self) -> dict[str, float]:
-        sample = {name: sum(map(_cpu_seconds, pids)) for name, pids in self._groups().items()}
-        sample["machine (all processes)"] = _machine_busy()
-        return sample
-
-    def start(self) -> None:
-        self._before = self._sample()
-        self._began = time.monotonic()
-
-    def stop(self) -> dict[str, float]:
-        """CPU seconds used per group since :meth:`start`, and the wall seconds as ``wall``."""
-        after = self._sample()
-        used = {name: after[name] - self._before.get(name, 0.0) for name in after}
-        ours = sum(v for k, v in used.items() if not k.startswith("machine"))
-        used["other work on the machine"] = used["machine (all processes)"] - ours
-        used["wall"] = time.monotonic() - self._began
-        return {name: round(value, 2) for name, value in used.items()}
 
 
 # ------------------------------------------------------------------------------ phases
@@ -543,65 +525,137 @@ async def one_repeat(bench: Bench, args: argparse.Namespace, index: int) -> dict
     }
 
 
-async def scale_phase(bench: Bench, count: int) -> ScaleResult:
-    """Dispatcher RSS and one claim's cost, before and after ``count`` waiting runs."""
+async def scale_phase(bench: Bench, sizes: list[int], runs: int) -> dict[str, Any]:
+    """The quiet-VACUUM state, then a burst of ``runs`` before seeding and after seeding
+    each of ``sizes`` waiting runs (cumulatively), each burst followed by its readings."""
     assert bench.db is not None
-    scale = Scale(bench.db, bench.namespace)
+    scale = Scale(bench.db, bench.namespace, bench.connect)
     dispatcher = component_processes(bench.stack.processes["coordinator"].pid)["dispatcher"]
-
-    async def burst() -> tuple[float | None, float]:
-        # A dispatcher that stops with many runs waiting is the finding here, not a reason
-        # to lose every figure measured so far: give up on the burst and say so.
-        try:
-            through = await bench.throughput(SCALE_BURST_RUNS, timeout=SCALE_BURST_TIMEOUT)
-        except TimeoutError as exc:
-            sys.stderr.write(f"bench: scale: {exc}\n")
-            return None, rss_mib(dispatcher)
-        return through.runs_per_second, rss_mib(dispatcher)
-
-    print(f"bench: scale: burst of {SCALE_BURST_RUNS} runs, one claim explained", flush=True)
-    before_rps, rss_before = await burst()
-    if before_rps is None:
+    print("bench: scale: VACUUM ANALYZE with no run live (the quiet-VACUUM state)", flush=True)
+    vacuum = await scale.quiet_vacuum()
+    if vacuum.live_runs:
+        sys.stderr.write(f"bench: scale: {vacuum.live_runs} runs were live at the VACUUM\n")
+    before = await measure_size(bench, scale, dispatcher, 0, runs)
+    if before.burst is None:
         raise RuntimeError("the scale phase's first burst did not end; no waiting runs yet")
-    claim_before = await scale.claim_cost()
-    print(f"bench: scale: seeding {count:,} waiting runs", flush=True)
-    seeded_in = await scale.seed(count)
+    after = [await measure_size(bench, scale, dispatcher, size, runs) for size in sizes]
+    return {
+        "burst_runs": runs,
+        "rate": bench.args.rate,
+        "shape": SHAPE,
+        "quiet_vacuum": asdict(vacuum),
+        "before": before.to_json(),
+        "sizes": [size.to_json() for size in after],
+    }
+
+
+async def measure_size(
+    bench: Bench, scale: Scale, dispatcher: int, size: int, runs: int
+) -> SizeResult:
+    """Seed up to ``size`` waiting runs (none for 0), then a burst of ``runs`` runs, the
+    same number paced at ``--rate``, and the readings."""
+    seconds: dict[str, float] = {}
+    began = time.monotonic()
+    seeded = size - scale.seeded if size else 0
+    seed_seconds = 0.0
+    if size:
+        print(f"bench: scale: seeding {seeded:,} waiting runs (to {size:,})", flush=True)
+        seed_seconds = await scale.seed(size)
+        print(f"bench: scale: seeded in {seed_seconds:.1f} s", flush=True)
     waiting = await scale.waiting()
-    print(f"bench: scale: seeded in {seeded_in:.1f} s; burst, one claim explained", flush=True)
-    after_rps, rss_after = await burst()
-    claim_after = await scale.claim_cost()
-    return ScaleResult(
+    mark = time.monotonic()
+    where = f"{waiting:,} waiting runs"
+    print(f"bench: scale: {where}: burst of {runs} runs, then {runs} at {bench.args.rate:.0f}/s",
+          flush=True)  # fmt: skip
+    burst: dict[str, Any] | None
+    paced: dict[str, Any] | None = None
+    # A dispatcher that stops with many runs waiting is the finding here, not a reason to
+    # lose every figure measured so far: give up on the burst and say so.
+    try:
+        burst = await bench.burst(runs)
+    except TimeoutError as exc:
+        sys.stderr.write(f"bench: scale: {where}: burst: {exc}\n")
+        burst = None
+    seconds["burst"] = round(time.monotonic() - mark, 2)
+    mark = time.monotonic()
+    if burst is not None:
+        try:
+            lat = await bench.latency(bench.args.rate, runs / bench.args.rate, label="p")
+            paced = {
+                "runs": lat.runs,
+                "offered_rate": lat.offered_rate,
+                "achieved_rate": lat.achieved_rate,
+                "send_to_accepted_ms": lat.send_to_accepted_ms,
+                "created_to_prepared_ms": lat.created_to_prepared_ms,
+            }
+        except TimeoutError as exc:
+            sys.stderr.write(f"bench: scale: {where}: paced runs: {exc}\n")
+    seconds["paced"] = round(time.monotonic() - mark, 2)
+    mark = time.monotonic()
+    rss = rss_mib(dispatcher)
+    claim = await scale.claim_cost()
+    # A run in the middle of the seeded ones.
+    settle = await scale.settle_cost((size + 1) // 2) if size else None
+    sweep = await scale.sweep_cost()
+    doctor_ms, doctor_waiting = await bench.doctor()
+    untouched = await scale.analysed() == scale.analysed_at_vacuum
+    seconds["readings"] = round(time.monotonic() - mark, 2)
+    seconds["total"] = round(time.monotonic() - began, 2)
+    return SizeResult(
+        size=size,
         waiting_runs=waiting,
-        seed_seconds=round(seeded_in, 2),
-        burst_runs=SCALE_BURST_RUNS,
-        burst_before_rps=round(before_rps, 1),
-        burst_after_rps=None if after_rps is None else round(after_rps, 1),
-        rss_before_mib=rss_before,
-        rss_after_mib=rss_after,
-        claim_before=claim_before,
-        claim_after=claim_after,
+        seeded=seeded,
+        seed_seconds=round(seed_seconds, 2),
+        burst=burst,
+        paced=paced,
+        rss_mib=rss,
+        claim=claim,
+        settle=settle,
+        sweep=sweep,
+        doctor_ms=doctor_ms,
+        doctor_waiting=doctor_waiting,
+        statistics_untouched=untouched,
+        seconds=seconds,
     )
 
 
 async def measure_all(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def took(phase: str) -> None:
+        nonlocal mark
+        timings[phase] = round(time.monotonic() - mark, 1)
+        mark = time.monotonic()
+
     await bench.open()
     try:
         settings = await bench.postgres_settings()
         raw_db = await bench.server.acreate_database(RAW_DATABASE)
         raw_halves = [await raw_rate(bench, raw_db, args)]
+        took("raw rate, first half")
         print("bench: warming up", flush=True)
         await bench.warm_up()
-        repeats = [await one_repeat(bench, args, i + 1) for i in range(args.repeats)]
+        took("warm-up")
+        repeats = []
+        for i in range(args.repeats):
+            repeats.append(await one_repeat(bench, args, i + 1))
+            took(f"repeat {i + 1}")
         raw_halves.append(await raw_rate(bench, raw_db, args))
+        took("raw rate, second half")
         processed, twice = await bench.processed_twice()
-        scale = await scale_phase(bench, args.waiting_runs) if args.waiting_runs > 0 else None
+        scale = None
+        if args.waiting_runs:
+            scale = await scale_phase(bench, args.waiting_runs, args.burst_runs)
+            took("scale")
     finally:
         await bench.close()
     return {
         "postgres": settings,
         "repeats": repeats,
         "commands": {"processed": processed, "twice": twice},
-        "scale": scale.to_json() if scale is not None else None,
+        "scale": scale,
+        "timings": timings,
         "raw_result": RawResult(
             transactions=sum(r.transactions for r, _ in raw_halves),
             seconds=sum(r.seconds for r, _ in raw_halves),
@@ -647,6 +701,14 @@ def fresh_state(state: Path) -> None:
     (state / STATE_MARK).write_text("made by bench.run; replaced at every run\n")
 
 
+def sizes(text: str) -> list[int]:
+    """``--waiting-runs`` for argparse (see :func:`bench.scale.parse_sizes`)."""
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=500, help="runs of each throughput phase")
@@ -665,9 +727,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--waiting-runs",
+        type=sizes,
+        default="100000,1000000",
+        help="the scale phase's sizes, seeded cumulatively: comma-separated, increasing "
+        "(0 skips the phase)",
+    )
+    parser.add_argument(
+        "--burst-runs",
         type=int,
-        default=100_000,
-        help="waiting runs seeded by the scale phase (0 skips it)",
+        default=200,
+        help="runs of each scale burst (and as many paced at --rate after it)",
     )
     parser.add_argument(
         "--state", type=Path, default=STATE, help="state and logs (replaced at every run)"
@@ -676,8 +745,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    if args.waiting_runs < 0:
-        parser.error("--waiting-runs must not be negative")
+    if args.burst_runs < 1:
+        parser.error("--burst-runs must be at least 1")
     args.state = args.state.resolve()
     return args
 
@@ -687,18 +756,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     fresh_state(args.state)
     load_before = os.getloadavg()
+    began = time.monotonic()
     print(
         f"bench: starting PostgreSQL (TLS, durable={args.durable}) and the local stack "
         f"in {args.state}",
         flush=True,
     )
     server, stack = build_stack(args.state, args.durable)
+    stack_seconds = time.monotonic() - began
     try:
         bench = Bench(server, stack, args)
         results = asyncio.run(measure_all(bench, args))
     finally:
         stack.stop()
         server.stop()
+    results["timings"] = {
+        "stack start": round(stack_seconds, 1),
+        **results["timings"],
+        "whole bench": round(time.monotonic() - began, 1),
+    }
     raw: RawResult = results.pop("raw_result")
     results["raw"] = {
         **asdict(raw),
@@ -717,6 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         "raw_seconds": args.raw_seconds,
         "raw_connections": args.raw_connections,
         "waiting_runs": args.waiting_runs,
+        "burst_runs": args.burst_runs,
         "durable": args.durable,
     }
     results["machine"] = {

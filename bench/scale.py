@@ -1,53 +1,77 @@
-"""The scale phase: many waiting runs must cost a dispatcher neither memory nor claim work.
+"""The scale phase: many waiting runs must cost a dispatcher neither memory, nor claim or
+settle work, nor throughput or latency.
 
-After the measured repeats, the bench seeds ``--waiting-runs`` runs straight into the
-coordinator's namespace, as the migration role (which owns the schema), with one
-``INSERT … SELECT generate_series`` per table. Each looks like a run waiting for a product
-result: run state ``waiting``, the bindings of a real bench run, and one ``wait-for`` step
-in state ``waiting`` that has been checked once and is due at its next check, a day or more
-from now (spread one second apart), with a timeout two weeks out. That is the shape
+After the measured repeats the bench puts the database in the **quiet-VACUUM state**: with
+no run live, it turns autovacuum off for the three tables it seeds (``run``, ``binding``,
+``step``) and runs ``VACUUM ANALYZE`` on every table of the namespace. The statistics then
+say that no run is live, which is what a quiet night's VACUUM leaves in production, and
+nothing analyses the tables again while the phase runs, so each size meets the same stale
+statistics: the planner believes the live-run partial index is empty.
+
+Then, for each size of ``--waiting-runs`` in turn (cumulatively: 100,000 then 900,000 more
+to reach 1,000,000), waiting runs are seeded straight into the coordinator's namespace, as
+the migration role (which owns the schema), with one ``INSERT … SELECT generate_series``
+per table and batch, never analysed. Each looks like a run waiting for a product result:
+run state ``waiting``, the bindings of a real bench run, and one ``wait-for`` step in state
+``waiting`` that has been checked once and is due at its next check, a day or more from now
+(spread one second apart), with a timeout two weeks out. That is the shape
 ``waits_schedule`` leaves behind, and it keeps every seeded step in the ``step_due`` partial
 index the claim walks, which is the case that would grow if anything did. No payload rows:
 no constraint asks for them and nothing reads them before the step is due.
 
-Two figures are compared before and after seeding:
+Three statements of the store are costed at each size, each with its own text from
+``core/db/queries/`` through :class:`core.db.queries.Queries`, prepared and executed with
+``plan_cache_mode = force_generic_plan`` (the plan a pooled connection's prepared statement
+may settle on after its first executions) under ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)``,
+inside a transaction that is rolled back, so nothing changes:
 
-- the dispatcher's VmRSS, each time right after a short burst of bench runs, so the
-  dispatcher has claimed and settled among the waiting runs;
-- one claim's cost: ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` of the store's own
-  ``dispatcher_claim`` text, prepared and run with ``plan_cache_mode = force_generic_plan``
-  (the plan a pooled connection's prepared statement may settle on), inside a transaction
-  that is rolled back, so nothing is claimed. Nothing is due while it runs, so this is the
-  claim an idle or waking dispatcher makes: it should stop at the first future entry of the
-  index however many there are.
+- one claim (``dispatcher_claim``): nothing is due, so this is the look an idle or freshly
+  woken dispatcher makes; it should stop at the first future entry of ``step_due``;
+- one settle (``dispatcher_fast_advance``) of a real waiting run's step, leased to the bench
+  first in the same transaction: the step completes, keeps a result, and a call step
+  becomes the run's next, due now;
+- one lease sweep (``dispatcher_expire_leases``), which every dispatcher runs every second.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import asyncpg
 
 from core.db.queries import Queries
+from core.db.query_names import QueryName
 
 WAIT_STEP = "await-result"
-CLAIM_OWNER = "bench-explain"
+EXPLAIN_OWNER = "bench-explain"
 CLAIM_LIMIT = 16  # the dispatcher's default concurrency, the most it claims at once
+SWEEP_LIMIT = 100  # the dispatcher's default sweep_limit
 LEASE_SECONDS = 30.0
+SETTLE_NEXT_STEP = "bench-next"
 SHAPE = "run waiting, its bindings, one wait-for step due at its next check a day out"
+SEEDED_TABLES = ("run", "binding", "step")
+# Runs per seeding transaction: each keeps one after-trigger event per row and table (the
+# foreign-key checks and the due notification) until it commits.
+SEED_BATCH = 100_000
+# Batches seeded at once, each on its own connection: the machine has two cores and the
+# stack is idle while it seeds. 1,000,000 runs took 54 s on one connection, 35 s on two.
+SEED_CONNECTIONS = 2
 
 # Each statement names the namespace as the quoted identifier that core.db.queries made
 # after matching it against ^coordinator_[a-z0-9_]+$; nothing else goes into SQL text.
+# Runs scale-($3 + 1) … scale-($3 + $2) are seeded; $1 is the run they copy.
 SEED_RUNS = """
 INSERT INTO {ns}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
                       client_id, state)
 SELECT 'scale-' || i, t.workflow_id, t.package_digest, t.principal_iss, t.principal_sub,
        t.client_id, 'waiting'
-  FROM {ns}.run t, generate_series(1, $2::integer) AS i
+  FROM {ns}.run t, generate_series($3::integer + 1, $3::integer + $2::integer) AS i
  WHERE t.id = $1
 """
 
@@ -56,7 +80,7 @@ INSERT INTO {ns}.binding (run_id, connection, connection_type, base_url, client_
                           scopes, audience, profile, producer)
 SELECT 'scale-' || i, b.connection, b.connection_type, b.base_url, b.client_id, b.issuer,
        b.scopes, b.audience, b.profile, b.producer
-  FROM {ns}.binding b, generate_series(1, $2::integer) AS i
+  FROM {ns}.binding b, generate_series($3::integer + 1, $3::integer + $2::integer) AS i
  WHERE b.run_id = $1
 """
 
@@ -68,23 +92,68 @@ SELECT 'scale-' || i, $1, 1, 'wait-for', 'waiting',
        {ns}.now() + make_interval(secs => 86400 + i),
        {ns}.now() + interval '14 days',
        sha256(convert_to('scale-' || i, 'UTF8')), 1
-  FROM generate_series(1, $2::integer) AS i
+  FROM generate_series($3::integer + 1, $3::integer + $2::integer) AS i
 """
 
 TEMPLATE_RUN = """
 SELECT id FROM {ns}.run WHERE state = 'succeeded' ORDER BY created_at DESC LIMIT 1
 """
 
+# The settle's step must be leased to the bench in the current hold epoch, as a claim
+# leaves it, or the statement finds nothing to settle.
+LEASE_FOR_SETTLE = """
+UPDATE {ns}.step
+   SET lease_owner = $3, lease_expires_at = {ns}.now() + interval '30 seconds',
+       lease_epoch = (SELECT epoch FROM {ns}.hold)
+ WHERE run_id = $1 AND step_id = $2
+"""
+
+ANALYSED = """
+SELECT coalesce(sum(analyze_count + autoanalyze_count), 0)::bigint
+  FROM pg_catalog.pg_stat_user_tables
+ WHERE schemaname = $1 AND relname = ANY($2::text[])
+"""
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``--waiting-runs``: a comma-separated list of increasing sizes (``100000,1000000``;
+    underscores allowed), or ``0`` for no scale phase (the empty list). Raises
+    ``ValueError`` with a sentence for anything else."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"not a comma-separated list of whole numbers: {text!r}") from None
+    if sizes == [0]:
+        return []
+    if any(size <= 0 for size in sizes):
+        raise ValueError("each size must be positive (0 alone skips the phase)")
+    if any(later <= earlier for earlier, later in itertools.pairwise(sizes)):
+        raise ValueError("the sizes are seeded cumulatively, so each must exceed the one before")
+    return sizes
+
+
+def seed_batches(seeded: int, target: int, batch: int = SEED_BATCH) -> list[tuple[int, int]]:
+    """The batches that take the seeded runs from ``seeded`` to ``target``, each as (runs
+    seeded before it, runs in it)."""
+    if batch <= 0:
+        raise ValueError("a batch holds at least one run")
+    return [(start, min(batch, target - start)) for start in range(seeded, target, batch)]
+
 
 @dataclass(frozen=True)
-class ClaimCost:
-    """What one ``dispatcher_claim`` execution touched (the plan's execution part)."""
+class PlanCost:
+    """What one statement's execution touched, from ``EXPLAIN (ANALYZE, BUFFERS)``."""
 
     shared_hit: int
     shared_read: int
     execution_ms: float
     rows: int
     plan: str
+    """The scans of ``step`` and ``run`` the plan used, with the rows each returned."""
 
     @property
     def buffers(self) -> int:
@@ -94,52 +163,196 @@ class ClaimCost:
         return {**asdict(self), "buffers": self.buffers}
 
 
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _indexes(scan: dict[str, Any]) -> str:
+    """The index a scan node reads: its own, or for a bitmap heap scan those of the bitmap
+    index scans under it."""
+    if scan.get("Index Name"):
+        return str(scan["Index Name"])
+    if scan.get("Node Type") != "Bitmap Heap Scan":
+        return ""
+    return "+".join(
+        str(node["Index Name"])
+        for node in _nodes(scan)
+        if node.get("Node Type") == "Bitmap Index Scan" and node.get("Index Name")
+    )
+
+
+def plan_cost_of(explained: dict[str, Any], tables: tuple[str, ...] = ("step",)) -> PlanCost:
+    """The figures of one ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` document.
+
+    A node's buffers include everything run while it ran, so the top node covers the
+    statement, except for a data-modifying ``WITH`` that nothing reads: PostgreSQL runs it
+    to completion after the main query, so its own buffers are added. (The foreign-key
+    checks that triggers make at the statement's end show in no node: those are left out.)
+    """
+    top = explained["Plan"]
+    read = {node["CTE Name"] for node in _nodes(top) if node.get("Node Type") == "CTE Scan"}
+    apart = [
+        child
+        for child in top.get("Plans", [])
+        if str(child.get("Subplan Name", "")).startswith("CTE ")
+        and str(child["Subplan Name"])[4:] not in read
+    ]
+    scans = [
+        f"{node['Relation Name']}: {node['Node Type']} {_indexes(node)}".rstrip()
+        + f" ({int(node.get('Actual Rows', 0))} rows)"
+        for node in _nodes(top)
+        if node.get("Relation Name") in tables and "Scan" in str(node.get("Node Type"))
+    ]
+    return PlanCost(
+        shared_hit=sum(int(node.get("Shared Hit Blocks", 0)) for node in [top, *apart]),
+        shared_read=sum(int(node.get("Shared Read Blocks", 0)) for node in [top, *apart]),
+        execution_ms=float(explained.get("Execution Time", 0.0)),
+        rows=int(top.get("Actual Rows", 0)),
+        plan=", ".join(scans) if scans else "no scan of " + " or ".join(tables),
+    )
+
+
+# ------------------------------------------------------------------------------ records
+
+
 @dataclass(frozen=True)
-class ScaleResult:
+class QuietVacuum:
+    """The quiet-VACUUM state the phase starts from."""
+
+    seconds: float
+    live_runs: int
+    """Runs not ended when VACUUM ANALYZE ran (0 is the point)."""
+    tables: int
+    autovacuum_off: tuple[str, ...]
+    analysed: int
+    """How many of the seeded tables the VACUUM analysed (all of them, unless the
+    migration role does not own one)."""
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One size of the scale phase (0 for the burst before seeding): the seeding, a burst
+    and its readings."""
+
+    size: int
+    """The size asked for: the seeded runs so far (0 before seeding)."""
     waiting_runs: int
+    """The waiting runs counted after seeding."""
+    seeded: int
+    """Runs seeded for this size (the difference to the size before)."""
     seed_seconds: float
-    burst_runs: int
-    burst_before_rps: float
-    burst_after_rps: float | None
-    """None when the burst after seeding did not end within its time limit."""
-    rss_before_mib: float
-    rss_after_mib: float
-    claim_before: ClaimCost
-    claim_after: ClaimCost
+    burst: dict[str, Any] | None
+    """Runs, seconds, runs/s, start → first command under the burst, the completion
+    poll's cost; None when the burst did not end within its time limit."""
+    paced: dict[str, Any] | None
+    """Start → first command of runs paced at ``--rate``; None when not measured."""
+    rss_mib: float
+    claim: PlanCost
+    settle: PlanCost | None
+    """None before seeding: there is no waiting run to settle."""
+    sweep: PlanCost
+    doctor_ms: list[float]
+    doctor_waiting: int | None
+    statistics_untouched: bool
+    """No ANALYZE (auto or not) of the seeded tables since the quiet VACUUM."""
+    seconds: dict[str, float]
 
     def to_json(self) -> dict[str, Any]:
         found = asdict(self)
-        found["claim_before"] = self.claim_before.to_json()
-        found["claim_after"] = self.claim_after.to_json()
-        found["shape"] = SHAPE
+        found["claim"] = self.claim.to_json()
+        found["settle"] = None if self.settle is None else self.settle.to_json()
+        found["sweep"] = self.sweep.to_json()
         return found
 
 
-class Scale:
-    """The scale phase's database work, on the bench's migration-role connection."""
+# ------------------------------------------------------------------------------ database
 
-    def __init__(self, db: asyncpg.Connection, namespace: str) -> None:
+
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+
+class Scale:
+    """The scale phase's database work, on the bench's migration-role connection (and, to
+    seed, on more connections from ``connect``)."""
+
+    def __init__(self, db: asyncpg.Connection, namespace: str, connect: Connect) -> None:
         self.db = db
+        self.namespace = namespace
         self.queries = Queries(namespace)
+        self.connect = connect
+        self.seeded = 0
+        self.analysed_at_vacuum = 0
 
     def sql(self, text: str) -> str:
         return text.replace("{ns}", self.queries.identifier)
 
-    async def seed(self, count: int) -> float:
-        """Insert ``count`` waiting runs in one transaction; answers the seconds it took.
+    async def quiet_vacuum(self) -> QuietVacuum:
+        """Autovacuum off for the seeded tables, then ``VACUUM ANALYZE`` of every table of
+        the namespace while no run is live (the caller waited for every run to end)."""
+        began = time.monotonic()
+        analysed_before = await self.analysed()
+        for table in SEEDED_TABLES:
+            # Only a storage parameter: no lock that waits for the dispatcher's statements.
+            await self.db.execute(
+                self.sql(f"ALTER TABLE {{ns}}.{table} SET (autovacuum_enabled = false)")
+            )
+        live = int(await self.db.fetchval(self.sql("SELECT count(*) FROM {ns}.run "
+                                                   "WHERE ended_at IS NULL")))  # fmt: skip
+        tables = [
+            str(name)
+            for name in await self.db.fetchval(
+                "SELECT array_agg(tablename::text ORDER BY tablename) FROM pg_catalog.pg_tables "
+                "WHERE schemaname = $1",
+                self.namespace,
+            )
+        ]
+        # The names come from the catalogue; each is quoted as an identifier.
+        listed = ", ".join(
+            self.queries.identifier + '."' + name.replace('"', '""') + '"' for name in tables
+        )
+        await self.db.execute(f"VACUUM (ANALYZE) {listed}")
+        self.analysed_at_vacuum = await self.analysed()
+        return QuietVacuum(
+            seconds=round(time.monotonic() - began, 2),
+            live_runs=live,
+            tables=len(tables),
+            autovacuum_off=SEEDED_TABLES,
+            analysed=self.analysed_at_vacuum - analysed_before,
+        )
 
-        The statistics are left to autovacuum, so the burst that follows meets 100,000 rows
-        the planner does not know about yet: the sudden case, which the dispatcher's look
-        statements must survive (they walk the due index and look each run up by key, so
-        no plan can start from a run table that looks empty)."""
+    async def analysed(self) -> int:
+        """How many times the seeded tables have been analysed, by anyone, so far."""
+        # The statistics collector publishes an analyse at its end; give it a moment.
+        await asyncio.sleep(0.5)
+        return int(await self.db.fetchval(ANALYSED, self.namespace, list(SEEDED_TABLES)))
+
+    async def seed(self, target: int) -> float:
+        """Seed waiting runs until ``target`` exist, in batches of :data:`SEED_BATCH` runs
+        over :data:`SEED_CONNECTIONS` connections, each batch one transaction; never
+        analysed. Answers the seconds it took."""
         template = await self.db.fetchval(self.sql(TEMPLATE_RUN))
         if template is None:
             raise RuntimeError("no succeeded bench run to copy a waiting run's principal from")
+        batches = seed_batches(self.seeded, target)
         began = time.monotonic()
-        async with self.db.transaction():
-            await self.db.execute(self.sql(SEED_RUNS), template, count)
-            await self.db.execute(self.sql(SEED_BINDINGS), template, count)
-            await self.db.execute(self.sql(SEED_STEPS), WAIT_STEP, count)
+        extra = [await self.connect() for _ in range(SEED_CONNECTIONS - 1)]
+        try:
+
+            async def worker(conn: asyncpg.Connection) -> None:
+                while batches:
+                    before, count = batches.pop(0)
+                    async with conn.transaction():
+                        await conn.execute(self.sql(SEED_RUNS), template, count, before)
+                        await conn.execute(self.sql(SEED_BINDINGS), template, count, before)
+                        await conn.execute(self.sql(SEED_STEPS), WAIT_STEP, count, before)
+
+            await asyncio.gather(*(worker(conn) for conn in [self.db, *extra]))
+        finally:
+            for conn in extra:
+                await conn.close()
+        self.seeded = target
         return time.monotonic() - began
 
     async def waiting(self) -> int:
@@ -149,46 +362,72 @@ class Scale:
         )
         return int(value)
 
-    async def claim_cost(self) -> ClaimCost:
-        """One claim, executed with the generic plan and rolled back."""
-        claim = self.queries["dispatcher_claim"].rstrip().rstrip(";")
+    async def explain(
+        self,
+        name: QueryName,
+        arguments: str,
+        tables: tuple[str, ...],
+        before: Callable[[], Awaitable[object]] | None = None,
+    ) -> PlanCost:
+        """The store's query ``name`` executed once with the generic plan and ``arguments``
+        (SQL literals of this module's own making), explained and rolled back; ``before``
+        runs first in the same transaction."""
+        text = self.queries[name].rstrip().rstrip(";")
         tx = self.db.transaction()
         await tx.start()
         try:
             await self.db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            await self.db.execute("PREPARE bench_claim AS\n" + claim)
-            # The arguments are this module's constants.
-            text = await self.db.fetchval(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-                f"EXECUTE bench_claim('{CLAIM_OWNER}', {CLAIM_LIMIT}, {LEASE_SECONDS})"
+            if before is not None:
+                await before()
+            await self.db.execute("PREPARE bench_explained AS\n" + text)
+            document = await self.db.fetchval(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_explained({arguments})"
             )
         finally:
             await tx.rollback()
             # A prepared statement belongs to the session, not the transaction.
-            await self.db.execute("DEALLOCATE bench_claim")
-        return claim_cost_of(json.loads(text)[0])
+            await self.db.execute("DEALLOCATE bench_explained")
+        return plan_cost_of(json.loads(document)[0], tables)
 
+    async def claim_cost(self) -> PlanCost:
+        """One claim of up to :data:`CLAIM_LIMIT` steps."""
+        return await self.explain(
+            "dispatcher_claim",
+            f"'{EXPLAIN_OWNER}', {CLAIM_LIMIT}, {LEASE_SECONDS}",
+            ("step",),
+        )
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
+    async def settle_cost(self, run_number: int) -> PlanCost:
+        """One settle of seeded run ``scale-<run_number>``'s waiting step: it completes with
+        a (dummy) wait result kept, and a call step becomes the run's next, due now."""
+        run_id = f"scale-{int(run_number)}"
 
+        async def lease() -> None:
+            await self.db.execute(self.sql(LEASE_FOR_SETTLE), run_id, WAIT_STEP, EXPLAIN_OWNER)
 
-def claim_cost_of(explained: dict[str, Any]) -> ClaimCost:
-    """The figures of one ``EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`` document."""
-    top = explained["Plan"]
-    scans = [
-        f"{node['Node Type']}"
-        + (f" {node['Index Name']}" if node.get("Index Name") else "")
-        + f" ({int(node.get('Actual Rows', 0))} rows)"
-        for node in _nodes(top)
-        if node.get("Relation Name") == "step"
-    ]
-    return ClaimCost(
-        shared_hit=int(top.get("Shared Hit Blocks", 0)),
-        shared_read=int(top.get("Shared Read Blocks", 0)),
-        execution_ms=float(explained.get("Execution Time", 0.0)),
-        rows=int(top.get("Actual Rows", 0)),
-        plan="step: " + ", ".join(scans) if scans else "no scan of step",
-    )
+        nonce = "\\x" + "00" * 12
+        arguments = ", ".join(
+            [
+                f"'{run_id}'",
+                f"'{WAIT_STEP}'",
+                f"'{EXPLAIN_OWNER}'",
+                "'completed'",
+                "NULL",
+                "ARRAY['wait-result']",
+                "ARRAY[1]",
+                f"ARRAY['{nonce}'::bytea]",
+                "ARRAY['\\x00'::bytea]",
+                f"'{SETTLE_NEXT_STEP}'",
+                "'call'",
+                "ARRAY[]::text[]",
+                "ARRAY[]::text[]",
+                "NULL",
+            ]
+        )
+        return await self.explain(
+            "dispatcher_fast_advance", arguments, ("step", "run"), before=lease
+        )
+
+    async def sweep_cost(self) -> PlanCost:
+        """One lease sweep of up to :data:`SWEEP_LIMIT` expired leases."""
+        return await self.explain("dispatcher_expire_leases", str(SWEEP_LIMIT), ("step", "run"))
