@@ -9,7 +9,7 @@ PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres test quickstart up lint proto query-names bench clean restore-rehearsal
+.PHONY: help venv postgres test quickstart up lint proto query-names bench soak clean restore-rehearsal
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
@@ -19,6 +19,7 @@ help:
 	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query names"
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
 	@echo "make bench       benchmarks (not tests)"
+	@echo "make soak        10 minutes of steady runs among 1,000,000 waiting ones (not a test)"
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -54,6 +55,10 @@ lint: $(STAMP)
 
 bench: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# Not in CI and not in `make test`: see bench/README.md, "The soak".
+soak: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
