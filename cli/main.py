@@ -11,7 +11,7 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -458,6 +458,9 @@ def _instant(value: str) -> str:
         ) from None
     if parsed.tzinfo is None:
         raise CoordinatorError(Code.REQUEST_INVALID, "--before needs a time zone offset or Z")
+    if parsed > datetime.now(UTC):
+        # (The server refuses it too, by its own clock.)
+        raise CoordinatorError(Code.REQUEST_INVALID, "--before is later than now")
     return value
 
 
@@ -466,15 +469,20 @@ def retain(
     ctx: typer.Context,
     before: Annotated[str, typer.Option("--before", help="RFC 3339 cutoff.")],
     limit: Annotated[int, typer.Option("--limit", min=1, max=100)],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Count and list the runs it would erase; erase nothing."),
+    ] = False,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Erase the payloads of runs that ended before the cutoff."""
+    """Erase the payloads of runs that ended before the cutoff (never later than now)."""
+    request: dict[str, Any] = {"before": _instant(before), "limit": limit}
+    if dry_run:
+        request["dryRun"] = True
     client, g = _api_opts(ctx, url, token_file, output)
-    body = client.request(
-        "POST", "/v1/operator/retain", body={"before": _instant(before), "limit": limit}
-    )
+    body = client.request("POST", "/v1/operator/retain", body=request)
     render.emit(body, g.output)
 
 

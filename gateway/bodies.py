@@ -290,10 +290,17 @@ def _attestation(history_flag: str) -> Callable[[Mapping[str, Any]], OperatorBod
 
 
 def _retain(body: Mapping[str, Any]) -> OperatorBody:
-    exact_members(body, ("before", "limit"))
+    # dryRun is optional: without it (or false) the runs are erased.
+    exact_members({k: v for k, v in body.items() if k != "dryRun"}, ("before", "limit"))
     before = instant(body, "before")
     limit = bounded_int(body, "limit", 1, MAX_RETAIN_LIMIT)
-    return OperatorBody({"before": before, "limit": limit}, None)
+    dry_run = body.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise RequestInvalid(f"{_pointer('dryRun')}: must be true or false")
+    forwarded: dict[str, Any] = {"before": before, "limit": limit}
+    if dry_run:
+        forwarded["dryRun"] = True
+    return OperatorBody(forwarded, None)
 
 
 OPERATOR_BODIES: Final[Mapping[str, Callable[[Mapping[str, Any]], OperatorBody]]] = {

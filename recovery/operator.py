@@ -119,7 +119,10 @@ async def operator_action(env: RecoveryEnv, action: str, body_json: str) -> dict
     if action == "release-admission-hold":
         reference = _attestation(body, "admissionHistoryComplete")
         return await holds.release_admission_hold(env, reference)
-    _members(body, ("before", "limit"))
+    _members({k: v for k, v in body.items() if k != "dryRun"}, ("before", "limit"))
     before = _instant(body, "before")
     limit = _limit(body, "limit")
-    return await retention.retain(env, before, limit)
+    dry_run = body.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise _invalid("/dryRun: must be true or false")
+    return await retention.retain(env, before, limit, dry_run=dry_run)

@@ -10,6 +10,11 @@ inspection still answer. Afterwards admission refuses a start with a spent ident
 
 Erasure deletes the ciphertext rows; nothing is merely flagged. The operator action is
 logged without a reason, since retain takes none.
+
+A cutoff later than now is refused (``request.invalid``): a mistyped year must not erase
+runs that ended a moment ago. A dry run (``dryRun: true``) answers the runs that the same
+call would erase — chosen the same way, in the same order — and erases, locks and logs
+nothing.
 """
 
 from __future__ import annotations
@@ -17,14 +22,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from core.codes import Code
+from core.errors import CoordinatorError
 from core.payloads import transaction
 from recovery.env import RecoveryEnv
 
 
-async def retain(env: RecoveryEnv, before: datetime, limit: int) -> dict[str, Any]:
-    """Erase up to ``limit`` runs that ended before ``before``; answers their ids."""
+async def retain(
+    env: RecoveryEnv, before: datetime, limit: int, *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Erase up to ``limit`` runs that ended before ``before``; answers their ids. A dry
+    run answers the ids it would erase and erases nothing."""
     q = env.store.queries
     async with transaction(env.store) as conn:
+        if await conn.fetchval(q["recovery_retain_check"], before):
+            raise CoordinatorError(Code.REQUEST_INVALID, "/before: the cutoff is later than now")
+        if dry_run:
+            rows = await conn.fetch(q["recovery_retain_preview"], before, limit)
+            run_ids = [str(row["id"]) for row in rows]
+            return {"dryRun": True, "erased": 0, "wouldErase": len(run_ids), "runIds": run_ids}
         rows = await conn.fetch(q["recovery_retain"], before, limit)
         await conn.execute(q["recovery_operator_log"], None, "retain", None)
     run_ids = [str(row["id"]) for row in rows]

@@ -386,11 +386,25 @@ def test_retention_erases_the_payloads_of_ended_runs_and_keeps_tombstones(
     payloads = "SELECT count(*) AS n FROM {ns}.payload WHERE run_id = $1"
     assert stack._owner_fetch(payloads, run_id)[0]["n"] > 0
 
-    cutoff = format_instant(stack.now + timedelta(seconds=1))
-    erased = stack.ctl("retain", "--before", cutoff, "--limit", "100", "--output", "json")
+    # The run ended at the pinned instant: a cutoff just after it, once the clock has moved
+    # past the cutoff (a cutoff later than now is refused). The coordinator's pinned clock
+    # may run ahead of this machine's, which coordinatorctl compares --before with, so the
+    # API is called directly here.
+    cutoff = format_instant(stack.now + timedelta(milliseconds=1))
+    ahead = stack.post("/v1/operator/retain", {"before": cutoff, "limit": 100, "dryRun": True})
+    assert ahead.status_code == 400 and ahead.json()["code"] == "request.invalid"
+    stack.advance(1)
+    looked = stack.post("/v1/operator/retain", {"before": cutoff, "limit": 100, "dryRun": True})
+    assert looked.status_code == 200, looked.text
+    assert run_id in looked.json()["runIds"] and looked.json()["erased"] == 0
+    assert stack._owner_fetch(payloads, run_id)[0]["n"] > 0
+    answer = stack.post("/v1/operator/retain", {"before": cutoff, "limit": 100})
+    assert answer.status_code == 200, answer.text
+    erased = answer.json()
+    assert erased["runIds"] == looked.json()["runIds"]
 
-    assert run_id in erased.document["runIds"]
-    assert live not in erased.document["runIds"]
+    assert run_id in erased["runIds"]
+    assert live not in erased["runIds"]
     assert stack._owner_fetch(payloads, run_id)[0]["n"] == 0
     assert stack._owner_fetch(payloads, live)[0]["n"] > 0
     tombstones = stack._owner_fetch(

@@ -250,6 +250,15 @@ class FaultStack:
         token = self.operator_token if operator else self.producer_token
         return httpx.get(self.local.url + path, headers=self._headers(token), timeout=10.0)
 
+    def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """A POST on the API with the operator's token."""
+        return httpx.post(
+            self.local.url + path,
+            json=body,
+            headers=self._headers(self.operator_token),
+            timeout=10.0,
+        )
+
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's status document."""
         answer = self.get(f"/v1/runs/{run_id}")

@@ -17,6 +17,7 @@ import pytest
 
 from admission.start import Admitter
 from core.clock import ENV_VAR, format_instant, write_test_clock
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.products.http import ProductHttp
 from devstack.postgres import DatabaseHandle
@@ -59,8 +60,12 @@ async def recovery(env: Served) -> AsyncIterator[RecoveryEnv]:
         await http.close()
 
 
-async def retain(recovery: RecoveryEnv, before: datetime, limit: int) -> dict[str, Any]:
-    body = {"before": format_instant(before), "limit": limit}
+async def retain(
+    recovery: RecoveryEnv, before: datetime, limit: int, *, dry_run: bool = False
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"before": format_instant(before), "limit": limit}
+    if dry_run:
+        body["dryRun"] = True
     return await operator_action(recovery, "retain", json.dumps(body))
 
 
@@ -211,6 +216,14 @@ async def test_retain_touches_only_ended_settled_runs_before_the_cut_oldest_firs
     write_test_clock(clock, T0 + timedelta(days=40))
     cut = T0 + timedelta(days=10)
 
+    # A dry run names exactly what the same retain then erases, and erases nothing.
+    assert await retain(recovery, cut, 2, dry_run=True) == {
+        "dryRun": True,
+        "erased": 0,
+        "wouldErase": 2,
+        "runIds": [first, second],
+    }
+    assert await payload_count(env, first) > 0 and await payload_count(env, second) > 0
     assert await retain(recovery, cut, 2) == {"erased": 2, "runIds": [first, second]}
     # Another transaction holding a run (a concurrent retain, say) makes this one skip it.
     blocker = await migration_connection(env.database)
@@ -239,3 +252,34 @@ async def test_retain_touches_only_ended_settled_runs_before_the_cut_oldest_firs
     assert (await retain(recovery, T0 + timedelta(days=20, microseconds=1), 100))["runIds"] == [
         recent
     ]
+
+
+async def test_retain_refuses_a_cutoff_later_than_now_and_erases_nothing(
+    env: Served, recovery: RecoveryEnv, clock: Path
+) -> None:
+    ended = await ran_two_calls(env, "ended")
+    await end_run(env, ended, T0 + timedelta(days=1))
+    write_test_clock(clock, T0 + timedelta(days=2))
+    before = await payload_count(env, ended)
+    for dry_run in (False, True):
+        with pytest.raises(CoordinatorError) as caught:
+            # A mistyped year: a year from now.
+            await retain(recovery, T0 + timedelta(days=367), 100, dry_run=dry_run)
+        assert caught.value.code == Code.REQUEST_INVALID
+        assert caught.value.detail == "/before: the cutoff is later than now"
+    assert await payload_count(env, ended) == before > 0
+    # A moment ago is fine.
+    assert await retain(recovery, T0 + timedelta(days=2) - timedelta(seconds=1), 100) == {
+        "erased": 1,
+        "runIds": [ended],
+    }
+
+
+async def test_retain_takes_dry_run_only_as_a_boolean(recovery: RecoveryEnv) -> None:
+    body = {"before": format_instant(T0), "limit": 1, "dryRun": "yes"}
+    with pytest.raises(CoordinatorError) as caught:
+        await operator_action(recovery, "retain", json.dumps(body))
+    assert (caught.value.code, caught.value.detail) == (
+        Code.REQUEST_INVALID,
+        "/dryRun: must be true or false",
+    )

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,27 @@ def test_retain_validates_the_cutoff_locally(ctl: Ctl) -> None:
     code, _, _ = ctl("retain", "--before", "2026-07-01T00:00:00Z", "--limit", "101")
     assert code == 2
     assert recorder.requests == []
+
+
+def test_retain_refuses_a_cutoff_later_than_now_before_sending(ctl: Ctl) -> None:
+    later = (datetime.now(UTC) + timedelta(days=365)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    code, _, err = ctl("retain", "--before", later, "--limit", "10", "--dry-run")
+    assert code == 1
+    assert last_line(err).startswith("coordinator.request.invalid: --before is later than now")
+    assert ctl.recorder.requests == []
+
+
+def test_retain_dry_run_asks_for_a_dry_run_and_a_plain_retain_does_not(ctl: Ctl) -> None:
+    recorder = ctl.recorder
+    recorder.answer = (200, "application/json", {"dryRun": True, "erased": 0, "wouldErase": 0})
+    args = ["retain", "--before", "2026-07-01T00:00:00Z", "--limit", "10", "--output", "json"]
+    assert ctl(*args, "--dry-run")[0] == 0
+    recorder.answer = (200, "application/json", {"erased": 0, "runIds": []})
+    assert ctl(*args)[0] == 0
+    dry, real = recorder.requests
+    assert dry["path"] == real["path"] == "/v1/operator/retain"
+    assert dry["body"] == {"before": "2026-07-01T00:00:00Z", "limit": 10, "dryRun": True}
+    assert real["body"] == {"before": "2026-07-01T00:00:00Z", "limit": 10}
 
 
 def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:

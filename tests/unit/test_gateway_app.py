@@ -606,6 +606,8 @@ async def test_operator_actions_pass_validated_bodies(
         ("retain", {"before": "2027-01-01T00:00:00Z", "limit": 101}),
         ("retain", {"before": "2027-01-01T00:00:00Z", "limit": True}),
         ("retain", {"before": "2027-01-01T00:00:00Z", "limit": 1.5}),
+        ("retain", {"before": "2027-01-01T00:00:00Z", "limit": 1, "dryRun": "yes"}),
+        ("retain", {"before": "2027-01-01T00:00:00Z", "limit": 1, "dryRun": 1}),
     ],
 )
 async def test_operator_actions_refuse_bad_bodies(
@@ -614,6 +616,17 @@ async def test_operator_actions_refuse_bad_bodies(
     response = await client.post(f"/v1/operator/{action}", json=body, headers=PLATFORM)
     problem(response, 400, "request.invalid")
     assert "operator_action" not in backend.names()
+
+
+@pytest.mark.parametrize(("dry_run", "forwarded"), [(True, {"dryRun": True}), (False, {})])
+async def test_retain_forwards_a_dry_run_only_when_asked(
+    client: httpx.AsyncClient, backend: FakeBackend, dry_run: bool, forwarded: dict[str, Any]
+) -> None:
+    body = {**OPERATOR_BODIES["retain"], "dryRun": dry_run}
+    response = await client.post("/v1/operator/retain", json=body, headers=PLATFORM)
+    assert response.status_code == 200
+    _caller, _action, sent_body = backend.log[0][1]
+    assert sent_body == {**OPERATOR_BODIES["retain"], **forwarded}
 
 
 async def test_operator_actions_need_an_operator_policy(

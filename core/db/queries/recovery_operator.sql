@@ -147,6 +147,24 @@ UPDATE {{ns}}.recovery_record r
 -- $2 its kind (text), $3 its reason or recovery reference (text, null for retain).
 INSERT INTO {{ns}}.operator_action (run_id, kind, reason) VALUES ($1, $2, $3);
 
+-- name: recovery_retain_check
+-- Whether the cutoff $1 (timestamptz) is later than now: retain refuses it (a mistyped year
+-- would otherwise erase runs that ended a moment ago).
+SELECT $1::timestamptz > {{ns}}.now() AS future;
+
+-- name: recovery_retain_preview
+-- retain --dry-run: the runs recovery_retain would erase for cutoff $1 (timestamptz) and
+-- limit $2 (integer), chosen the same way and in the same order, with nothing locked,
+-- written or erased. Answers their ids, oldest ended first.
+SELECT r.id
+  FROM {{ns}}.run r
+ WHERE r.ended_at IS NOT NULL AND r.erased_at IS NULL
+   AND r.ended_at < $1
+   AND NOT EXISTS (SELECT 1 FROM {{ns}}.step s
+                    WHERE s.run_id = r.id AND s.state = 'uncertain')
+ ORDER BY r.ended_at, r.id
+ LIMIT $2;
+
 -- name: recovery_retain
 -- Retention: erase the payloads of up to $2 (integer) runs that ended before $1
 -- (timestamptz), are not erased yet and hold no uncertain step, oldest ended first,
