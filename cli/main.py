@@ -1,7 +1,9 @@
 """coordinatorctl: offline checks, deployment commands and the operator's API client.
 
 Exit codes: 0 success; 1 the command ran and was refused (the last line of standard error
-starts with a ``coordinator.<code>``); 2 usage error.
+starts with a ``coordinator.<code>``; ``check`` and ``workflow check`` print one such line
+per problem, and under ``--output json`` the refusal is one JSON document on standard error);
+2 usage error.
 """
 
 from __future__ import annotations
@@ -12,13 +14,29 @@ import json
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from cli import api, render
+from cli.options import (
+    Group,
+    OutputFormat,
+    OutputOpt,
+    ReasonOpt,
+    RefOpt,
+    RemoveOpt,
+    RunOpt,
+    RuntimeOpt,
+    SourceArg,
+    TokenOpt,
+    TrueFalse,
+    UrlOpt,
+    output_format,
+    pick,
+    use_plain_help,
+)
 from core import __version__
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -26,48 +44,16 @@ from core.runs import IDEMPOTENCY_KEY
 
 app = typer.Typer(
     name="coordinatorctl",
-    add_completion=False,
+    cls=Group,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Check, package, deploy and operate Registry Coordinator workflows.",
 )
-workflow_app = typer.Typer(no_args_is_help=True, help="Workflow source commands.")
-keys_app = typer.Typer(no_args_is_help=True, help="Key custody commands.")
+workflow_app = typer.Typer(cls=Group, no_args_is_help=True, help="Workflow source commands.")
+keys_app = typer.Typer(cls=Group, no_args_is_help=True, help="Key custody commands.")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(keys_app, name="keys")
-
-
-RuntimeOpt = Annotated[
-    Path | None, typer.Option("--runtime-config", help="The runtime file.", show_default=False)
-]
-UrlOpt = Annotated[str | None, typer.Option("--url", help="Base URL of the coordinator.")]
-TokenOpt = Annotated[
-    Path | None, typer.Option("--token-file", help="File holding an access token (mode 0600).")
-]
-
-
-class OutputFormat(StrEnum):
-    """The two output formats."""
-
-    text = "text"
-    json = "json"
-
-
-class TrueFalse(StrEnum):
-    """A boolean spelled as the API spells it."""
-
-    true = "true"
-    false = "false"
-
-
-OutputOpt = Annotated[OutputFormat | None, typer.Option("--output", help="text or json.")]
-RunOpt = Annotated[str, typer.Option("--run", help="The run id.")]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Investigation reference.")]
-RefOpt = Annotated[str, typer.Option("--recovery-reference", help="Investigation reference.")]
-RemoveOpt = Annotated[
-    list[str] | None,
-    typer.Option("--remove-workflow", help="Remove this workflow from the activation."),
-]
 
 
 @dataclass
@@ -90,8 +76,8 @@ def _globals(
     root: Globals = ctx.find_root().obj or Globals()
     return Globals(
         runtime_config=runtime_config or root.runtime_config,
-        url=url or root.url,
-        token_file=token_file or root.token_file,
+        url=pick(ctx, "url", url, root.url),
+        token_file=pick(ctx, "token_file", token_file, root.token_file),
         output=output.value if output else root.output,
     )
 
@@ -130,9 +116,9 @@ def _need_runtime(g: Globals) -> Path:
 
 def _client(g: Globals) -> api.ApiClient:
     if not g.url:
-        _usage("--url is required for this command")
+        _usage("--url (or COORDINATOR_URL) is required for this command")
     if g.token_file is None:
-        _usage("--token-file is required for this command")
+        _usage("--token-file (or COORDINATOR_TOKEN_FILE) is required for this command")
     return api.ApiClient(g.url, api.read_token_file(g.token_file))
 
 
@@ -152,11 +138,7 @@ def check(ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputO
 
 
 @workflow_app.command("check")
-def workflow_check(
-    ctx: typer.Context,
-    source: Annotated[Path, typer.Argument(help="Workflow source directory.")],
-    output: OutputOpt = None,
-) -> None:
+def workflow_check(ctx: typer.Context, source: SourceArg, output: OutputOpt = None) -> None:
     """Validate a workflow source directory, offline."""
     from core.workflow.check import check_source_dir
 
@@ -168,8 +150,10 @@ def workflow_check(
 @app.command()
 def package(
     ctx: typer.Context,
-    source: Annotated[Path, typer.Argument(help="Workflow source directory.")],
-    out: Annotated[Path, typer.Option("--out", help="Folder to write the package into.")],
+    source: SourceArg,
+    out: Annotated[
+        Path, typer.Option("--out", metavar="OUTDIR", help="Folder to write the package into.")
+    ],
     output: OutputOpt = None,
 ) -> None:
     """Build a content-addressed package and print its digest."""
@@ -293,11 +277,28 @@ def doctor(
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    attention: Annotated[TrueFalse | None, typer.Option("--attention")] = None,
-    state: Annotated[str | None, typer.Option("--state")] = None,
-    workflow: Annotated[str | None, typer.Option("--workflow")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, max=100)] = None,
-    cursor: Annotated[str | None, typer.Option("--cursor")] = None,
+    attention: Annotated[
+        TrueFalse | None,
+        typer.Option(
+            "--attention",
+            metavar="true|false",
+            help="Only runs that need, or do not need, an operator.",
+        ),
+    ] = None,
+    state: Annotated[
+        str | None, typer.Option("--state", metavar="STATE", help="Only runs in this state.")
+    ] = None,
+    workflow: Annotated[
+        str | None, typer.Option("--workflow", metavar="ID", help="Only runs of this workflow.")
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", metavar="N", min=1, max=100, help="Runs per page (default 20)."),
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        typer.Option("--cursor", metavar="CURSOR", help="The nextCursor of the previous page."),
+    ] = None,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
     output: OutputOpt = None,
@@ -367,11 +368,15 @@ def default_idempotency_key(workflow: str, input_bytes: bytes) -> str:
 @app.command()
 def start(
     ctx: typer.Context,
-    workflow: Annotated[str, typer.Option("--workflow", help="Workflow id.")],
-    input_file: Annotated[Path, typer.Option("--input-file", help="JSON file with the input.")],
+    workflow: Annotated[str, typer.Option("--workflow", metavar="ID", help="Workflow id.")],
+    input_file: Annotated[
+        Path, typer.Option("--input-file", metavar="FILE", help="JSON file with the input.")
+    ],
     idempotency_key: Annotated[
         str | None,
-        typer.Option("--idempotency-key", help="Defaults to a hash of workflow and input."),
+        typer.Option(
+            "--idempotency-key", metavar="KEY", help="Defaults to a hash of workflow and input."
+        ),
     ] = None,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
@@ -467,8 +472,13 @@ def _instant(value: str) -> str:
 @app.command()
 def retain(
     ctx: typer.Context,
-    before: Annotated[str, typer.Option("--before", help="RFC 3339 cutoff.")],
-    limit: Annotated[int, typer.Option("--limit", min=1, max=100)],
+    before: Annotated[
+        str,
+        typer.Option("--before", metavar="INSTANT", help="RFC 3339 cutoff, not later than now."),
+    ],
+    limit: Annotated[
+        int, typer.Option("--limit", metavar="N", min=1, max=100, help="Runs to erase at most.")
+    ],
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Count and list the runs it would erase; erase nothing."),
@@ -518,6 +528,15 @@ def release_restore_hold(
     _operator_action(ctx, "release-restore-hold", {"reason": reason}, (url, token_file, output))
 
 
+FencedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prior-deployment-fenced",
+        help="State that the deployment restored from can no longer run (required).",
+    ),
+]
+
+
 def _attested(flag: bool, name: str) -> None:
     if not flag:
         _usage(f"{name} is required: it records your statement")
@@ -545,9 +564,13 @@ def complete_execution_recovery(
     ctx: typer.Context,
     recovery_reference: RefOpt,
     execution_history_complete: Annotated[
-        bool, typer.Option("--execution-history-complete")
+        bool,
+        typer.Option(
+            "--execution-history-complete",
+            help="State that the execution history after the backup is established (required).",
+        ),
     ] = False,
-    prior_deployment_fenced: Annotated[bool, typer.Option("--prior-deployment-fenced")] = False,
+    prior_deployment_fenced: FencedOpt = False,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
     output: OutputOpt = None,
@@ -568,9 +591,13 @@ def release_admission_hold(
     ctx: typer.Context,
     recovery_reference: RefOpt,
     admission_history_complete: Annotated[
-        bool, typer.Option("--admission-history-complete")
+        bool,
+        typer.Option(
+            "--admission-history-complete",
+            help="State that every spent admission key is established (required).",
+        ),
     ] = False,
-    prior_deployment_fenced: Annotated[bool, typer.Option("--prior-deployment-fenced")] = False,
+    prior_deployment_fenced: FencedOpt = False,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
     output: OutputOpt = None,
@@ -586,14 +613,20 @@ def release_admission_hold(
     )
 
 
+use_plain_help(app)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Entry point: usage errors exit 2 (typer), refusals exit 1 with a coordinator.* line."""
+    """Entry point: usage errors exit 2 (typer), refusals exit 1 with coordinator.* lines
+    (one JSON document under --output json)."""
+    output_format.set("text")
     try:
         app(args=argv, prog_name="coordinatorctl")
     except CoordinatorError as exc:
-        sys.stderr.write(exc.cli_line() + "\n")
+        render.refusal(exc, output_format.get())
         sys.exit(1)
     except Exception as exc:  # the last line must still be a code, never a traceback
-        sys.stderr.write(f"coordinator.internal: unexpected {type(exc).__name__}\n")
+        unexpected = CoordinatorError(Code.INTERNAL, f"unexpected {type(exc).__name__}")
+        render.refusal(unexpected, output_format.get())
         sys.exit(1)
     sys.exit(0)

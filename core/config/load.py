@@ -4,12 +4,18 @@ Loading refuses, naming the dotted key path: YAML that is not strict plain data,
 missing keys, wrong types, values out of bounds, and every rule that can be judged from the
 file alone. The rules that need the packages (workflow ids, required connections) are in
 :mod:`core.config.check`. Nothing here opens a secret or contacts the network.
+
+A file that is not strict YAML is refused at once. Otherwise every block and member is judged
+and each refusal kept (:class:`core.yamlsafe.Problems`), in file order, so the first is the
+one a single-line surface shows. A rule that needs a value refused earlier (``activeStateKey``
+against refused ``stateKeys``) is skipped rather than reported as a second problem.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import yamlsafe
@@ -25,6 +31,8 @@ from core.config.model import (
     DEFAULT_RESULT_CHECK_SECONDS,
     DEPLOYMENT_ACTIONS,
     INTERNAL_COMPONENTS,
+    LOG_FORMATS,
+    LOG_LEVELS,
     REQUIRED_INTERNAL_COMPONENTS,
     RUN_ACTIONS,
     TLS_TERMINATION,
@@ -40,6 +48,7 @@ from core.config.model import (
     Internal,
     InternalTls,
     Listener,
+    Logging,
     MetricsListener,
     PackagePin,
     Policy,
@@ -50,6 +59,8 @@ from core.config.model import (
 )
 from core.errors import ConfigInvalid
 from core.paths import index, key
+from core.secrets import SecretRef
+from core.yamlsafe import FAILED, AlreadyReported, Maybe, Problems, need, need_all
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_PACKAGES = 16
@@ -74,8 +85,68 @@ URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[\x21-\x7e]+")
 _NAME_RULE = "a letter, then up to 63 letters, digits, _ or -"
 
 
+@dataclass
+class Loaded:
+    """What of a runtime file could be read, for the checks that join it with its packages.
+
+    Filled while the file is read, so those checks can run on the parts that loaded even
+    when other parts were refused. ``connections`` is None when the block could not be read
+    at all; ``unreadable_connections`` names entries that were refused (no rule about them
+    is judged against the packages).
+    """
+
+    pins: tuple[PackagePin, ...] | None = None
+    connections: dict[str, Connection] | None = field(default_factory=dict)
+    unreadable_connections: set[str] = field(default_factory=set)
+    policies: dict[str, Policy] = field(default_factory=dict)
+    event_sources: dict[str, EventSource] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: RuntimeConfig) -> Loaded:
+        """Everything of a file that loaded whole."""
+        return cls(
+            pins=config.deployment.packages,
+            connections=dict(config.connections),
+            policies=dict(config.deployment.authentication.policies),
+            event_sources=dict(config.event_sources),
+        )
+
+
+@dataclass
+class Reading:
+    """One reading of a runtime file: the record (FAILED when anything was refused), what
+    loaded of it, and every refusal found."""
+
+    config: Maybe[RuntimeConfig]
+    loaded: Loaded
+    problems: Problems
+
+
+@dataclass
+class _Context:
+    problems: Problems
+    loaded: Loaded
+    base: Path
+    providers: SecretProviders | None = None
+    """None until read, and when refused: then references are judged by form only."""
+
+
 def load_runtime_file(path: Path) -> RuntimeConfig:
-    """Read and check a runtime file; relative paths in it are taken from its folder."""
+    """Read and check a runtime file; relative paths in it are taken from its folder.
+
+    Refuses with the first problem; it carries every problem found (``extra["problems"]``).
+    """
+    reading = read_runtime_file(path)
+    reading.problems.raise_first()
+    return need(reading.config)
+
+
+def read_runtime_file(path: Path) -> Reading:
+    """Read a runtime file, keeping every refusal instead of raising the first.
+
+    Raises only when the file cannot be read or is not strict YAML: then nothing in it can
+    be judged.
+    """
     location = Path(os.path.abspath(path))
     try:
         with open(location, "rb") as handle:
@@ -84,120 +155,155 @@ def load_runtime_file(path: Path) -> RuntimeConfig:
         raise ConfigInvalid("", f"cannot read the runtime file {location}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ConfigInvalid("", f"the runtime file {location} is larger than 1 MiB")
-    return parse_runtime(yamlsafe.load(data, ConfigInvalid), location)
+    document, marks = yamlsafe.load_marked(data, ConfigInvalid)
+    return read_runtime(document, location, Problems(marks))
 
 
 def parse_runtime(document: object, location: Path) -> RuntimeConfig:
     """Turn the loaded YAML document of the runtime file at ``location`` into a record."""
+    reading = read_runtime(document, location, Problems())
+    reading.problems.raise_first()
+    return need(reading.config)
+
+
+def read_runtime(document: object, location: Path, problems: Problems) -> Reading:
+    """Judge a loaded runtime document, keeping every refusal in ``problems``."""
+    context = _Context(problems=problems, loaded=Loaded(), base=location.parent)
+    config = problems.attempt(_runtime, document, location, context)
+    if config is FAILED and not problems:
+        raise AssertionError("a reader gave up without reporting why")
+    return Reading(config=config, loaded=context.loaded, problems=problems)
+
+
+def _runtime(document: object, location: Path, context: _Context) -> RuntimeConfig:
     if document is None:
         raise ConfigInvalid("", "the runtime file is empty")
     top = r.mapping(
         document,
         "",
+        context.problems,
         required=("namespace", "secretProviders", "database", "deployment"),
         optional=("eventSources", "connections"),
     )
-    base = location.parent
-    namespace = _namespace(top["namespace"])
-    providers = _providers(top["secretProviders"], base)
-    database = _database(top["database"], providers)
-    event_sources = _event_sources(top.get("eventSources", {}), providers)
-    deployment = _deployment(top["deployment"], providers, base)
-    connections = _connections(top.get("connections", {}), providers)
+    namespace = top.read("namespace", _namespace)
+    providers = top.read("secretProviders", _providers, context.base, context.problems)
+    context.providers = None if providers is FAILED else providers
+    database = top.read("database", _database, context)
+    event_sources = top.optional("eventSources", {}, _event_sources, context)
+    deployment = top.read("deployment", _deployment, context)
+    connections = top.optional("connections", {}, _connections, context)
     return RuntimeConfig(
         path=location,
-        namespace=namespace,
-        secret_providers=providers,
-        database=database,
-        event_sources=event_sources,
-        deployment=deployment,
-        connections=connections,
+        namespace=need(namespace),
+        secret_providers=need(providers),
+        database=need(database),
+        event_sources=need(event_sources),
+        deployment=need(deployment),
+        connections=need(connections),
     )
 
 
-def _namespace(value: object) -> str:
+def _namespace(value: object, path: str) -> str:
     text = r.string(
         value,
-        "namespace",
+        path,
         pattern=NAMESPACE,
         expected="coordinator_ followed by lowercase letters, digits or _",
         max_bytes=1024,
     )
     if len(text.encode("utf-8")) > NAMESPACE_MAX_BYTES:
-        raise ConfigInvalid("namespace", f"must be at most {NAMESPACE_MAX_BYTES} bytes")
+        raise ConfigInvalid(path, f"must be at most {NAMESPACE_MAX_BYTES} bytes")
     return text
 
 
-def _providers(value: object, base: Path) -> SecretProviders:
-    path = "secretProviders"
-    block = r.mapping(value, path, optional=("file", "environment"))
-    file_provider = None
-    if "file" in block:
-        file_path = key(path, "file")
-        file_block = r.mapping(block["file"], file_path, required=("root",))
-        file_provider = FileProvider(
-            root=r.local_path(file_block["root"], key(file_path, "root"), base)
-        )
+def _providers(value: object, path: str, base: Path, problems: Problems) -> SecretProviders:
+    block = r.mapping(value, path, problems, optional=("file", "environment"))
+    file_provider = block.optional("file", None, _file_provider, base, problems)
     environment = "environment" in block
     if environment:
         # The block has no settings today; it exists so that enabling it is explicit.
-        r.mapping(block["environment"], key(path, "environment"))
-    return SecretProviders(file=file_provider, environment=environment)
+        block.read("environment", _empty_block, problems)
+    return SecretProviders(file=need(file_provider), environment=environment)
 
 
-def _database(value: object, providers: SecretProviders) -> DatabaseSettings:
-    path = "database"
+def _file_provider(value: object, path: str, base: Path, problems: Problems) -> FileProvider:
+    block = r.mapping(value, path, problems, required=("root",))
+    return FileProvider(root=need(block.read("root", r.local_path, base)))
+
+
+def _empty_block(value: object, path: str, problems: Problems) -> None:
+    r.mapping(value, path, problems)
+
+
+def _database(value: object, path: str, context: _Context) -> DatabaseSettings:
     block = r.mapping(
         value,
         path,
+        context.problems,
         required=("runtimeUrlRef", "migrationUrlRef"),
         optional=("trustedRootCertificateRef",),
     )
-    root_ref = block.get("trustedRootCertificateRef")
+    runtime_url = block.read("runtimeUrlRef", r.reference, context.providers)
+    migration_url = block.read("migrationUrlRef", r.reference, context.providers)
+    root_ref: Maybe[SecretRef | None] = None
+    # An explicit null stands for "absent" here, as it always has.
+    if block.values.get("trustedRootCertificateRef") is not None:
+        root_ref = block.read("trustedRootCertificateRef", r.reference, context.providers)
     return DatabaseSettings(
-        runtime_url_ref=r.reference(block["runtimeUrlRef"], key(path, "runtimeUrlRef"), providers),
-        migration_url_ref=r.reference(
-            block["migrationUrlRef"], key(path, "migrationUrlRef"), providers
-        ),
-        trusted_root_certificate_ref=None
-        if root_ref is None
-        else r.reference(root_ref, key(path, "trustedRootCertificateRef"), providers),
+        runtime_url_ref=need(runtime_url),
+        migration_url_ref=need(migration_url),
+        trusted_root_certificate_ref=need(root_ref),
     )
 
 
-def _event_sources(value: object, providers: SecretProviders) -> dict[str, EventSource]:
-    path = "eventSources"
+def _event_sources(value: object, path: str, context: _Context) -> dict[str, EventSource]:
     entries = r.named_entries(value, path)
-    result: dict[str, EventSource] = {}
+    result: dict[str, Maybe[EventSource]] = {}
     first_by_source: dict[str, str] = {}
     for name, entry in entries.items():
-        entry_path = key(path, name)
-        _name(name, entry_path)
-        block = r.mapping(entry, entry_path, required=("source", "signingKeyRef", "workflow"))
-        source = r.visible(block["source"], key(entry_path, "source"), max_len=2048)
-        if source in first_by_source:
-            raise ConfigInvalid(
-                key(entry_path, "source"),
-                f"the same source as eventSources.{first_by_source[source]}; "
-                "sources must be unique",
-            )
-        first_by_source[source] = name
-        result[name] = EventSource(
-            name=name,
-            source=source,
-            signing_key_ref=r.reference(
-                block["signingKeyRef"], key(entry_path, "signingKeyRef"), providers
-            ),
-            workflow=_workflow_id(block["workflow"], key(entry_path, "workflow")),
+        read = context.problems.attempt(
+            _event_source, name, entry, key(path, name), context, first_by_source
         )
-    return result
+        if read is not FAILED:
+            context.loaded.event_sources[name] = read
+        result[name] = read
+    return dict(zip(result, need_all(result.values()), strict=True))
 
 
-def _deployment(value: object, providers: SecretProviders, base: Path) -> Deployment:
-    path = "deployment"
+def _event_source(
+    name: str, value: object, path: str, context: _Context, first_by_source: dict[str, str]
+) -> EventSource:
+    problems = context.problems
+    problems.attempt(_name, name, path)
+    block = r.mapping(value, path, problems, required=("source", "signingKeyRef", "workflow"))
+    source = block.read("source", r.visible, max_len=2048)
+    if source is not FAILED:
+        if source in first_by_source:
+            problems.add(
+                ConfigInvalid(
+                    key(path, "source"),
+                    f"the same source as eventSources.{first_by_source[source]}; "
+                    "sources must be unique",
+                )
+            )
+            source = FAILED
+        else:
+            first_by_source[source] = name
+    signing_key = block.read("signingKeyRef", r.reference, context.providers)
+    workflow = block.read("workflow", _workflow_id)
+    return EventSource(
+        name=name,
+        source=need(source),
+        signing_key_ref=need(signing_key),
+        workflow=need(workflow),
+    )
+
+
+def _deployment(value: object, path: str, context: _Context) -> Deployment:
     block = r.mapping(
         value,
         path,
+        context.problems,
         required=(
             "databaseId",
             "runtimeRole",
@@ -210,97 +316,120 @@ def _deployment(value: object, providers: SecretProviders, base: Path) -> Deploy
             "activeStateKey",
             "admissionKeyRef",
         ),
-        optional=("metricsListener", "internal"),
+        optional=("metricsListener", "internal", "logging"),
     )
-    database_id = r.string(
-        block["databaseId"],
-        key(path, "databaseId"),
-        pattern=UUID,
-        expected="a UUID (8-4-4-4-12 hexadecimal digits)",
-    ).lower()
-    runtime_role = r.string(
-        block["runtimeRole"],
-        key(path, "runtimeRole"),
+    database_id = block.read("databaseId", _database_id)
+    runtime_role = block.read(
+        "runtimeRole",
+        r.string,
         pattern=ROLE,
         expected="a PostgreSQL role name: a lowercase letter or _, then up to 62 of a-z 0-9 _",
     )
-    packages = _packages(block["packages"], key(path, "packages"), base)
-    listener = _listener(block["listener"], key(path, "listener"))
-    metrics = None
-    if "metricsListener" in block:
-        metrics = _metrics_listener(
-            block["metricsListener"], key(path, "metricsListener"), listener
+    packages = block.read("packages", _packages, context)
+    listener = block.read("listener", _listener, context.problems)
+    metrics = block.optional("metricsListener", None, _metrics_listener, context, listener)
+    internal = block.optional("internal", None, _internal, context)
+    authentication = block.read("authentication", _authentication, context)
+    audit_file = block.read("auditFile", r.local_path, context.base)
+    audit_key_ref = block.read("auditKeyRef", r.reference, context.providers)
+    state_keys = block.read("stateKeys", _state_keys, context)
+    active = block.read("activeStateKey", r.integer, low=1, high=2**31 - 1)
+    if (
+        active is not FAILED
+        and state_keys is not FAILED
+        and active not in {state_key.version for state_key in state_keys}
+    ):
+        context.problems.add(
+            ConfigInvalid(key(path, "activeStateKey"), "names no version listed in stateKeys")
         )
-    internal = None
-    if "internal" in block:
-        internal = _internal(block["internal"], key(path, "internal"), providers, base)
-    authentication = _authentication(
-        block["authentication"], key(path, "authentication"), providers
-    )
-    audit_file = r.local_path(block["auditFile"], key(path, "auditFile"), base)
-    audit_key_ref = r.reference(block["auditKeyRef"], key(path, "auditKeyRef"), providers)
-    state_keys = _state_keys(block["stateKeys"], key(path, "stateKeys"), providers)
-    active = r.integer(block["activeStateKey"], key(path, "activeStateKey"), low=1, high=2**31 - 1)
-    if active not in {state_key.version for state_key in state_keys}:
-        raise ConfigInvalid(key(path, "activeStateKey"), "names no version listed in stateKeys")
-    admission_key_ref = r.reference(
-        block["admissionKeyRef"], key(path, "admissionKeyRef"), providers
-    )
+        active = FAILED
+    admission_key_ref = block.read("admissionKeyRef", r.reference, context.providers)
+    logging = block.optional("logging", Logging(), _logging, context.problems)
     return Deployment(
-        database_id=database_id,
-        runtime_role=runtime_role,
-        packages=packages,
-        listener=listener,
-        metrics_listener=metrics,
-        internal=internal,
-        authentication=authentication,
-        audit_file=audit_file,
-        audit_key_ref=audit_key_ref,
-        state_keys=state_keys,
-        active_state_key=active,
-        admission_key_ref=admission_key_ref,
+        database_id=need(database_id),
+        runtime_role=need(runtime_role),
+        packages=need(packages),
+        listener=need(listener),
+        metrics_listener=need(metrics),
+        internal=need(internal),
+        authentication=need(authentication),
+        audit_file=need(audit_file),
+        audit_key_ref=need(audit_key_ref),
+        state_keys=need(state_keys),
+        active_state_key=need(active),
+        admission_key_ref=need(admission_key_ref),
+        logging=need(logging),
     )
 
 
-def _packages(value: object, path: str, base: Path) -> tuple[PackagePin, ...]:
+def _database_id(value: object, path: str) -> str:
+    return r.string(
+        value, path, pattern=UUID, expected="a UUID (8-4-4-4-12 hexadecimal digits)"
+    ).lower()
+
+
+def _logging(value: object, path: str, problems: Problems) -> Logging:
+    block = r.mapping(value, path, problems, optional=("level", "format"))
+    settings = Logging()
+    level = block.optional("level", settings.level, _one_of, LOG_LEVELS)
+    form = block.optional("format", settings.format, _one_of, LOG_FORMATS)
+    return Logging(level=need(level), format=need(form))
+
+
+def _one_of(value: object, path: str, choices: tuple[str, ...]) -> str:
+    text = r.string(value, path)
+    if text not in choices:
+        raise ConfigInvalid(path, f"must be one of {', '.join(choices)}")
+    return text
+
+
+def _packages(value: object, path: str, context: _Context) -> tuple[PackagePin, ...]:
     entries = r.sequence(value, path, min_items=1, max_items=MAX_PACKAGES)
-    pins = []
-    for position, entry in enumerate(entries):
-        entry_path = index(path, position)
-        block = r.mapping(entry, entry_path, required=("root", "expectedDigest"))
-        pins.append(
-            PackagePin(
-                root=r.local_path(block["root"], key(entry_path, "root"), base),
-                expected_digest=r.string(
-                    block["expectedDigest"],
-                    key(entry_path, "expectedDigest"),
-                    pattern=DIGEST,
-                    expected="sha256: followed by 64 lowercase hexadecimal digits",
-                ),
-            )
+    pins = tuple(
+        need_all(
+            context.problems.attempt(_pin, entry, index(path, position), context)
+            for position, entry in enumerate(entries)
         )
-    return tuple(pins)
-
-
-def _listener(value: object, path: str) -> Listener:
-    block = r.mapping(value, path, required=("bind", "tlsTermination"), optional=("publicUrl",))
-    termination = r.string(block["tlsTermination"], key(path, "tlsTermination"))
-    if termination != TLS_TERMINATION:
-        raise ConfigInvalid(key(path, "tlsTermination"), f"must be {TLS_TERMINATION}")
-    public_url = None
-    if "publicUrl" in block:
-        public_url = r.url(block["publicUrl"], key(path, "publicUrl"))
-    return Listener(
-        bind=r.bind(block["bind"], key(path, "bind")),
-        tls_termination=termination,
-        public_url=public_url,
     )
+    context.loaded.pins = pins
+    return pins
 
 
-def _metrics_listener(value: object, path: str, listener: Listener) -> MetricsListener:
-    block = r.mapping(value, path, required=("bind",))
-    bind = r.bind(block["bind"], key(path, "bind"))
-    if _same_socket(bind, listener.bind):
+def _pin(value: object, path: str, context: _Context) -> PackagePin:
+    block = r.mapping(value, path, context.problems, required=("root", "expectedDigest"))
+    root = block.read("root", r.local_path, context.base)
+    digest = block.read(
+        "expectedDigest",
+        r.string,
+        pattern=DIGEST,
+        expected="sha256: followed by 64 lowercase hexadecimal digits",
+    )
+    return PackagePin(root=need(root), expected_digest=need(digest))
+
+
+def _listener(value: object, path: str, problems: Problems) -> Listener:
+    block = r.mapping(
+        value, path, problems, required=("bind", "tlsTermination"), optional=("publicUrl",)
+    )
+    termination = block.read("tlsTermination", _tls_termination)
+    public_url = block.optional("publicUrl", None, r.url)
+    bind = block.read("bind", r.bind)
+    return Listener(bind=need(bind), tls_termination=need(termination), public_url=need(public_url))
+
+
+def _tls_termination(value: object, path: str) -> str:
+    termination = r.string(value, path)
+    if termination != TLS_TERMINATION:
+        raise ConfigInvalid(path, f"must be {TLS_TERMINATION}")
+    return termination
+
+
+def _metrics_listener(
+    value: object, path: str, context: _Context, listener: Maybe[Listener]
+) -> MetricsListener:
+    block = r.mapping(value, path, context.problems, required=("bind",))
+    bind = need(block.read("bind", r.bind))
+    if listener is not FAILED and _same_socket(bind, listener.bind):
         raise ConfigInvalid(key(path, "bind"), "must differ from deployment.listener.bind")
     return MetricsListener(bind=bind)
 
@@ -309,328 +438,447 @@ def _same_socket(one: BindAddress, other: BindAddress) -> bool:
     return one.port == other.port and one.address == other.address
 
 
-def _internal(value: object, path: str, providers: SecretProviders, base: Path) -> Internal:
-    block = r.mapping(value, path, optional=("socketDir", "addresses", "tls"))
+def _internal(value: object, path: str, context: _Context) -> Internal:
+    problems = context.problems
+    block = r.mapping(
+        value, path, problems, optional=("socketDir", "addresses", "tls", "metricsPort")
+    )
     if "socketDir" in block and "addresses" in block:
         raise ConfigInvalid(key(path, "addresses"), "use either socketDir or addresses, not both")
     if "socketDir" in block:
-        if "tls" in block:
-            raise ConfigInvalid(key(path, "tls"), "only used with addresses")
-        socket_dir = r.local_path(block["socketDir"], key(path, "socketDir"), base)
-        if len(str(socket_dir).encode()) > SOCKET_DIR_MAX_BYTES:
-            raise ConfigInvalid(
-                key(path, "socketDir"),
-                f"must be at most {SOCKET_DIR_MAX_BYTES} bytes once resolved, so that the "
-                "components' Unix socket paths fit the system's limit",
-            )
+        for extra in ("tls", "metricsPort"):
+            if extra in block:
+                problems.add(ConfigInvalid(key(path, extra), "only used with addresses"))
+        socket_dir = need(block.read("socketDir", _socket_dir, context.base))
+        if "tls" in block or "metricsPort" in block:
+            raise AlreadyReported
         return Internal(socket_dir=socket_dir, addresses={}, tls=None)
     if "addresses" not in block:
         raise ConfigInvalid(path, "needs socketDir or addresses")
     if "tls" not in block:
-        raise ConfigInvalid(key(path, "tls"), "required with addresses (mutual TLS)")
-    addresses_path = key(path, "addresses")
+        problems.add(ConfigInvalid(key(path, "tls"), "required with addresses (mutual TLS)"))
+    addresses = block.read("addresses", _addresses, problems)
+    tls = block.read("tls", _internal_tls, context)
+    metrics_port = block.optional("metricsPort", None, r.integer, low=1, high=65535)
+    if metrics_port not in (None, FAILED) and addresses is not FAILED:
+        problem = _metrics_port_problem(metrics_port, addresses)
+        if problem:
+            problems.add(ConfigInvalid(key(path, "metricsPort"), problem))
+            metrics_port = FAILED
+    return Internal(
+        socket_dir=None, addresses=need(addresses), tls=need(tls), metrics_port=need(metrics_port)
+    )
+
+
+def _metrics_port_problem(port: int, addresses: dict[str, BindAddress]) -> str | None:
+    # Each component listens on its own host's port: two on one host would collide there,
+    # and a gRPC port of the same number would be taken already.
+    hosts: dict[str, str] = {}
+    for component, address in addresses.items():
+        if address.port == port:
+            return f"is {component}'s gRPC port"
+        if address.host in hosts:
+            return (
+                f"needs each component on its own host, but {hosts[address.host]} and "
+                f"{component} share {address.host}"
+            )
+        hosts[address.host] = component
+    return None
+
+
+def _socket_dir(value: object, path: str, base: Path) -> Path:
+    socket_dir = r.local_path(value, path, base)
+    if len(str(socket_dir).encode()) > SOCKET_DIR_MAX_BYTES:
+        raise ConfigInvalid(
+            path,
+            f"must be at most {SOCKET_DIR_MAX_BYTES} bytes once resolved, so that the "
+            "components' Unix socket paths fit the system's limit",
+        )
+    return socket_dir
+
+
+def _addresses(value: object, path: str, problems: Problems) -> dict[str, BindAddress]:
     entries = r.mapping(
-        block["addresses"],
-        addresses_path,
+        value,
+        path,
+        problems,
         required=REQUIRED_INTERNAL_COMPONENTS,
         optional=tuple(c for c in INTERNAL_COMPONENTS if c not in REQUIRED_INTERNAL_COMPONENTS),
     )
-    addresses: dict[str, BindAddress] = {}
-    for component, entry in entries.items():
-        address = r.bind(entry, key(addresses_path, component))
-        for other, taken in addresses.items():
-            if _same_socket(address, taken):
-                raise ConfigInvalid(key(addresses_path, component), f"the same address as {other}")
+    addresses: dict[str, Maybe[BindAddress]] = {}
+    for component, _entry in entries.items():
+        address = entries.read(component, r.bind)
+        if address is not FAILED:
+            for other, taken in addresses.items():
+                if taken is not FAILED and _same_socket(address, taken):
+                    problems.add(
+                        ConfigInvalid(key(path, component), f"the same address as {other}")
+                    )
+                    address = FAILED
+                    break
         addresses[component] = address
-    tls_path = key(path, "tls")
-    tls = r.mapping(
-        block["tls"],
-        tls_path,
-        required=("certificateRef", "privateKeyRef", "trustedRootCertificateRef"),
-    )
-    return Internal(
-        socket_dir=None,
-        addresses=addresses,
-        tls=InternalTls(
-            certificate_ref=r.reference(
-                tls["certificateRef"], key(tls_path, "certificateRef"), providers
-            ),
-            private_key_ref=r.reference(
-                tls["privateKeyRef"], key(tls_path, "privateKeyRef"), providers
-            ),
-            trusted_root_certificate_ref=r.reference(
-                tls["trustedRootCertificateRef"],
-                key(tls_path, "trustedRootCertificateRef"),
-                providers,
-            ),
-        ),
-    )
+    if any(name not in entries for name in REQUIRED_INTERNAL_COMPONENTS):
+        raise AlreadyReported
+    return dict(zip(addresses, need_all(addresses.values()), strict=True))
 
 
-def _authentication(value: object, path: str, providers: SecretProviders) -> Authentication:
+def _internal_tls(value: object, path: str, context: _Context) -> InternalTls:
     block = r.mapping(
         value,
         path,
+        context.problems,
+        required=("certificateRef", "privateKeyRef", "trustedRootCertificateRef"),
+    )
+    certificate = block.read("certificateRef", r.reference, context.providers)
+    private_key = block.read("privateKeyRef", r.reference, context.providers)
+    root = block.read("trustedRootCertificateRef", r.reference, context.providers)
+    return InternalTls(
+        certificate_ref=need(certificate),
+        private_key_ref=need(private_key),
+        trusted_root_certificate_ref=need(root),
+    )
+
+
+def _authentication(value: object, path: str, context: _Context) -> Authentication:
+    block = r.mapping(
+        value,
+        path,
+        context.problems,
         required=("issuer", "audience", "signingKeys", "policies"),
         optional=("algorithms", "clockSkewSeconds", "clientAssertionAudience"),
     )
-    keys_path = key(path, "signingKeys")
-    keys = r.mapping(block["signingKeys"], keys_path, optional=("jwksUrl", "jwksRef"))
-    if ("jwksUrl" in keys) == ("jwksRef" in keys):
-        raise ConfigInvalid(keys_path, "set exactly one of jwksUrl and jwksRef")
-    signing_keys = SigningKeys(
-        jwks_url=r.url(keys["jwksUrl"], key(keys_path, "jwksUrl"), allow_query=True)
-        if "jwksUrl" in keys
-        else None,
-        jwks_ref=r.reference(keys["jwksRef"], key(keys_path, "jwksRef"), providers)
-        if "jwksRef" in keys
-        else None,
+    signing_keys = block.read("signingKeys", _signing_keys, context)
+    algorithms = block.optional("algorithms", DEFAULT_ALGORITHMS, _algorithms, context.problems)
+    skew = block.optional(
+        "clockSkewSeconds", DEFAULT_CLOCK_SKEW_SECONDS, r.integer, low=0, high=300
     )
-    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
-    if "algorithms" in block:
-        algorithms = _algorithms(block["algorithms"], key(path, "algorithms"))
-    skew = DEFAULT_CLOCK_SKEW_SECONDS
-    if "clockSkewSeconds" in block:
-        skew = r.integer(block["clockSkewSeconds"], key(path, "clockSkewSeconds"), low=0, high=300)
-    assertion_audience = ASSERTION_AUDIENCE_TOKEN_ENDPOINT
-    if "clientAssertionAudience" in block:
-        assertion_path = key(path, "clientAssertionAudience")
-        assertion_audience = r.string(block["clientAssertionAudience"], assertion_path)
-        if assertion_audience not in CLIENT_ASSERTION_AUDIENCES:
-            raise ConfigInvalid(
-                assertion_path, "must be " + " or ".join(CLIENT_ASSERTION_AUDIENCES)
-            )
-    audience = r.string(block["audience"], key(path, "audience"), max_bytes=2048)
+    assertion_audience = block.optional(
+        "clientAssertionAudience", ASSERTION_AUDIENCE_TOKEN_ENDPOINT, _assertion_audience
+    )
+    audience = block.read("audience", r.string, max_bytes=2048)
+    issuer = block.read("issuer", r.url)
+    policies = block.read("policies", _policies, context)
     return Authentication(
-        issuer=r.url(block["issuer"], key(path, "issuer")),
-        audience=audience,
-        signing_keys=signing_keys,
-        algorithms=algorithms,
-        clock_skew_seconds=skew,
-        policies=_policies(block["policies"], key(path, "policies")),
-        client_assertion_audience=assertion_audience,
+        issuer=need(issuer),
+        audience=need(audience),
+        signing_keys=need(signing_keys),
+        algorithms=need(algorithms),
+        clock_skew_seconds=need(skew),
+        policies=need(policies),
+        client_assertion_audience=need(assertion_audience),
     )
 
 
-def _algorithms(value: object, path: str) -> tuple[str, ...]:
+def _signing_keys(value: object, path: str, context: _Context) -> SigningKeys:
+    block = r.mapping(value, path, context.problems, optional=("jwksUrl", "jwksRef"))
+    exactly_one = ("jwksUrl" in block) != ("jwksRef" in block)
+    if not exactly_one:
+        context.problems.add(ConfigInvalid(path, "set exactly one of jwksUrl and jwksRef"))
+    jwks_url = block.optional("jwksUrl", None, r.url, allow_query=True)
+    jwks_ref = block.optional("jwksRef", None, r.reference, context.providers)
+    if not exactly_one:
+        raise AlreadyReported
+    return SigningKeys(jwks_url=need(jwks_url), jwks_ref=need(jwks_ref))
+
+
+def _assertion_audience(value: object, path: str) -> str:
+    audience = r.string(value, path)
+    if audience not in CLIENT_ASSERTION_AUDIENCES:
+        raise ConfigInvalid(path, "must be " + " or ".join(CLIENT_ASSERTION_AUDIENCES))
+    return audience
+
+
+def _algorithms(value: object, path: str, problems: Problems) -> tuple[str, ...]:
     entries = r.sequence(value, path, min_items=1, max_items=len(SUPPORTED_ALGORITHMS))
-    result: list[str] = []
+    result: list[Maybe[str]] = []
     for position, entry in enumerate(entries):
-        entry_path = index(path, position)
-        name = r.string(entry, entry_path, max_bytes=16)
-        if name.lower() == "none" or name.upper().startswith("HS"):
-            raise ConfigInvalid(
-                entry_path, "unsigned and shared-secret (HS*) algorithms are never accepted"
-            )
-        if name not in SUPPORTED_ALGORITHMS:
-            raise ConfigInvalid(entry_path, "must be one of " + ", ".join(SUPPORTED_ALGORITHMS))
-        if name in result:
-            raise ConfigInvalid(entry_path, "listed twice")
-        result.append(name)
-    return tuple(result)
+        result.append(problems.attempt(_algorithm, entry, index(path, position), result))
+    return tuple(need_all(result))
 
 
-def _policies(value: object, path: str) -> dict[str, Policy]:
+def _algorithm(value: object, path: str, earlier: list[Maybe[str]]) -> str:
+    name = r.string(value, path, max_bytes=16)
+    if name.lower() == "none" or name.upper().startswith("HS"):
+        raise ConfigInvalid(path, "unsigned and shared-secret (HS*) algorithms are never accepted")
+    if name not in SUPPORTED_ALGORITHMS:
+        raise ConfigInvalid(path, "must be one of " + ", ".join(SUPPORTED_ALGORITHMS))
+    if name in earlier:
+        raise ConfigInvalid(path, "listed twice")
+    return name
+
+
+def _policies(value: object, path: str, context: _Context) -> dict[str, Policy]:
     entries = r.named_entries(value, path)
-    result: dict[str, Policy] = {}
+    result: dict[str, Maybe[Policy]] = {}
     for client_id, entry in entries.items():
         entry_path = key(path, client_id)
-        r.visible(client_id, entry_path, max_len=255)
-        result[client_id] = _policy(client_id, entry, entry_path)
-    return result
+        named = context.problems.attempt(r.visible, client_id, entry_path, max_len=255)
+        policy = context.problems.attempt(_policy, client_id, entry, entry_path, context)
+        if policy is not FAILED:
+            context.loaded.policies[client_id] = policy
+        result[client_id] = FAILED if named is FAILED else policy
+    return dict(zip(result, need_all(result.values()), strict=True))
 
 
-def _policy(client_id: str, value: object, path: str) -> Policy:
-    block = r.mapping(value, path, required=("actions",), optional=("operator", "workflows"))
-    operator = r.boolean(block["operator"], key(path, "operator")) if "operator" in block else False
-    actions_path = key(path, "actions")
-    actions: list[str] = []
-    for position, entry in enumerate(r.sequence(block["actions"], actions_path, min_items=1)):
-        entry_path = index(actions_path, position)
-        action = r.string(entry, entry_path, max_bytes=64)
-        if action not in RUN_ACTIONS and action not in DEPLOYMENT_ACTIONS:
-            raise ConfigInvalid(entry_path, "unknown action")
-        if action in actions:
-            raise ConfigInvalid(entry_path, "listed twice")
-        if action in DEPLOYMENT_ACTIONS and not operator:
-            raise ConfigInvalid(
-                entry_path, f"{action} acts on the whole deployment and needs operator: true"
-            )
-        if action == "start" and operator:
-            raise ConfigInvalid(
-                entry_path, "an operator policy may not start runs; give producers their own policy"
-            )
-        actions.append(action)
-    has_run_actions = any(action in RUN_ACTIONS for action in actions)
+def _policy(client_id: str, value: object, path: str, context: _Context) -> Policy:
+    problems = context.problems
+    block = r.mapping(
+        value, path, problems, required=("actions",), optional=("operator", "workflows")
+    )
+    operator = block.optional("operator", False, r.boolean)
+    actions = block.read("actions", _actions, problems, operator)
     workflows_path = key(path, "workflows")
-    workflows: tuple[str, ...] | None = None
+    workflows: Maybe[tuple[str, ...] | None] = None
+    # Whether the policy has run actions decides whether workflows belong here; when the
+    # actions were refused it cannot be told, and neither rule is judged.
+    has_run_actions = (
+        None if actions is FAILED else any(action in RUN_ACTIONS for action in actions)
+    )
     if "workflows" in block:
-        if not has_run_actions:
-            raise ConfigInvalid(
-                workflows_path,
-                "a policy with only deployment-wide actions must not list workflows",
+        if has_run_actions is False:
+            problems.add(
+                ConfigInvalid(
+                    workflows_path,
+                    "a policy with only deployment-wide actions must not list workflows",
+                )
             )
-        listed: list[str] = []
-        for position, entry in enumerate(
-            r.sequence(block["workflows"], workflows_path, min_items=1)
-        ):
-            entry_path = index(workflows_path, position)
-            workflow = _workflow_id(entry, entry_path)
-            if workflow in listed:
-                raise ConfigInvalid(entry_path, "listed twice")
-            listed.append(workflow)
-        workflows = tuple(listed)
+            workflows = FAILED
+        else:
+            workflows = block.read("workflows", _policy_workflows, problems)
     elif has_run_actions:
-        raise ConfigInvalid(
-            workflows_path, "required: run actions apply to the workflows listed here"
+        problems.add(
+            ConfigInvalid(
+                workflows_path, "required: run actions apply to the workflows listed here"
+            )
         )
+        workflows = FAILED
     return Policy(
-        client_id=client_id, operator=operator, workflows=workflows, actions=tuple(actions)
+        client_id=client_id,
+        operator=need(operator),
+        workflows=need(workflows),
+        actions=need(actions),
     )
 
 
-def _state_keys(value: object, path: str, providers: SecretProviders) -> tuple[StateKey, ...]:
-    result: list[StateKey] = []
+def _actions(
+    value: object, path: str, problems: Problems, operator: Maybe[bool]
+) -> tuple[str, ...]:
+    actions: list[Maybe[str]] = []
     for position, entry in enumerate(r.sequence(value, path, min_items=1)):
-        entry_path = index(path, position)
-        block = r.mapping(entry, entry_path, required=("version", "ref"))
-        version = r.integer(block["version"], key(entry_path, "version"), low=1, high=2**31 - 1)
-        if any(existing.version == version for existing in result):
-            raise ConfigInvalid(key(entry_path, "version"), "versions must be unique")
-        result.append(
-            StateKey(
-                version=version, ref=r.reference(block["ref"], key(entry_path, "ref"), providers)
-            )
+        actions.append(problems.attempt(_action, entry, index(path, position), actions, operator))
+    return tuple(need_all(actions))
+
+
+def _action(value: object, path: str, earlier: list[Maybe[str]], operator: Maybe[bool]) -> str:
+    action = r.string(value, path, max_bytes=64)
+    if action not in RUN_ACTIONS and action not in DEPLOYMENT_ACTIONS:
+        raise ConfigInvalid(path, "unknown action")
+    if action in earlier:
+        raise ConfigInvalid(path, "listed twice")
+    # Both rules below depend on operator; a refused operator value skips them.
+    if action in DEPLOYMENT_ACTIONS and operator is False:
+        raise ConfigInvalid(path, f"{action} acts on the whole deployment and needs operator: true")
+    if action == "start" and operator is True:
+        raise ConfigInvalid(
+            path, "an operator policy may not start runs; give producers their own policy"
         )
-    return tuple(result)
+    return action
 
 
-def _connections(value: object, providers: SecretProviders) -> dict[str, Connection]:
-    path = "connections"
+def _policy_workflows(value: object, path: str, problems: Problems) -> tuple[str, ...]:
+    listed: list[Maybe[str]] = []
+    for position, entry in enumerate(r.sequence(value, path, min_items=1)):
+        listed.append(problems.attempt(_listed_workflow, entry, index(path, position), listed))
+    return tuple(need_all(listed))
+
+
+def _listed_workflow(value: object, path: str, earlier: list[Maybe[str]]) -> str:
+    workflow = _workflow_id(value, path)
+    if workflow in earlier:
+        raise ConfigInvalid(path, "listed twice")
+    return workflow
+
+
+def _state_keys(value: object, path: str, context: _Context) -> tuple[StateKey, ...]:
+    result: list[Maybe[StateKey]] = []
+    for position, entry in enumerate(r.sequence(value, path, min_items=1)):
+        result.append(
+            context.problems.attempt(_state_key, entry, index(path, position), context, result)
+        )
+    return tuple(need_all(result))
+
+
+def _state_key(
+    value: object, path: str, context: _Context, earlier: list[Maybe[StateKey]]
+) -> StateKey:
+    block = r.mapping(value, path, context.problems, required=("version", "ref"))
+    version = block.read("version", r.integer, low=1, high=2**31 - 1)
+    if version is not FAILED and any(
+        existing is not FAILED and existing.version == version for existing in earlier
+    ):
+        context.problems.add(ConfigInvalid(key(path, "version"), "versions must be unique"))
+        version = FAILED
+    ref = block.read("ref", r.reference, context.providers)
+    return StateKey(version=need(version), ref=need(ref))
+
+
+def _connections(value: object, path: str, context: _Context) -> dict[str, Connection]:
+    loaded = context.loaded
+    loaded.connections = None
     entries = r.named_entries(value, path)
-    result: dict[str, Connection] = {}
+    loaded.connections = {}
+    result: dict[str, Maybe[Connection]] = {}
     bindings: dict[str, str] = {}
     for name, entry in entries.items():
         entry_path = key(path, name)
-        _name(name, entry_path)
-        connection = _connection(name, entry, entry_path, providers)
+        named = context.problems.attempt(_name, name, entry_path)
+        connection = context.problems.attempt(_connection, name, entry, entry_path, context)
+        if connection is FAILED:
+            loaded.unreadable_connections.add(name)
+            result[name] = FAILED
+            continue
+        loaded.connections[name] = connection
+        result[name] = FAILED if named is FAILED else connection
         if connection.completion is not None:
             binding = connection.completion.recipient_binding
             if binding in bindings:
-                raise ConfigInvalid(
-                    key(key(entry_path, "completion"), "recipientBinding"),
-                    f"the same binding as connections.{bindings[binding]}; bindings must be unique",
+                context.problems.add(
+                    ConfigInvalid(
+                        key(key(entry_path, "completion"), "recipientBinding"),
+                        f"the same binding as connections.{bindings[binding]}; "
+                        "bindings must be unique",
+                    )
                 )
-            bindings[binding] = name
-        result[name] = connection
-    return result
+                result[name] = FAILED
+            else:
+                bindings[binding] = name
+    return dict(zip(result, need_all(result.values()), strict=True))
 
 
 _CASEWORK_ONLY = ("producer", "completion", "resultCheckSeconds")
 
 
-def _connection(name: str, value: object, path: str, providers: SecretProviders) -> Connection:
+def _connection(name: str, value: object, path: str, context: _Context) -> Connection:
+    problems = context.problems
     block = r.mapping(
         value,
         path,
+        problems,
         required=("type", "baseUrl", "profile", "authorization"),
         optional=(*_CASEWORK_ONLY, "callTimeoutSeconds", "trustedRootCertificateRef"),
     )
-    kind = r.string(block["type"], key(path, "type"), max_bytes=64)
-    if kind not in CONNECTION_TYPES:
-        raise ConfigInvalid(key(path, "type"), "must be one of " + ", ".join(CONNECTION_TYPES))
-    if kind != CASEWORK:
+    kind = block.read("type", _connection_type)
+    producer: Maybe[str | None] = None
+    completion: Maybe[Completion | None] = None
+    result_check: Maybe[int | None] = None
+    # What a connection may and must hold depends on its type; with the type refused, the
+    # type-specific keys are not judged.
+    if kind is FAILED:
+        producer = FAILED
+    elif kind != CASEWORK:
         for extra in _CASEWORK_ONLY:
             if extra in block:
-                raise ConfigInvalid(key(path, extra), f"only {CASEWORK} connections take {extra}")
-    elif "producer" not in block:
-        raise ConfigInvalid(key(path, "producer"), f"required for {CASEWORK} connections")
-    producer = completion = result_check = None
-    if kind == CASEWORK:
-        producer = r.visible(block["producer"], key(path, "producer"), max_len=128)
-        if "completion" in block:
-            completion = _completion(block["completion"], key(path, "completion"), providers)
-        result_check = DEFAULT_RESULT_CHECK_SECONDS
-        if "resultCheckSeconds" in block:
-            result_check = r.integer(
-                block["resultCheckSeconds"], key(path, "resultCheckSeconds"), low=60, high=86400
+                problems.add(
+                    ConfigInvalid(key(path, extra), f"only {CASEWORK} connections take {extra}")
+                )
+                producer = FAILED
+    else:
+        if "producer" not in block:
+            problems.add(
+                ConfigInvalid(key(path, "producer"), f"required for {CASEWORK} connections")
             )
-    call_timeout = DEFAULT_CALL_TIMEOUT_SECONDS
-    if "callTimeoutSeconds" in block:
-        call_timeout = r.integer(
-            block["callTimeoutSeconds"], key(path, "callTimeoutSeconds"), low=1, high=300
+        producer = block.read("producer", r.visible, max_len=128)
+        completion = block.optional("completion", None, _completion, context)
+        result_check = block.optional(
+            "resultCheckSeconds", DEFAULT_RESULT_CHECK_SECONDS, r.integer, low=60, high=86400
         )
-    root_ref = None
-    if "trustedRootCertificateRef" in block:
-        root_ref = r.reference(
-            block["trustedRootCertificateRef"], key(path, "trustedRootCertificateRef"), providers
-        )
+    call_timeout = block.optional(
+        "callTimeoutSeconds", DEFAULT_CALL_TIMEOUT_SECONDS, r.integer, low=1, high=300
+    )
+    root_ref = block.optional("trustedRootCertificateRef", None, r.reference, context.providers)
+    base_url = block.read("baseUrl", r.url)
+    profile = block.read(
+        "profile",
+        r.string,
+        pattern=PROFILE,
+        expected="1 to 128 of A-Z a-z 0-9 . _ ~ - (not starting with . _ ~ -)",
+    )
+    authorization = block.read("authorization", _authorization, context)
     return Connection(
         name=name,
-        type=kind,
-        base_url=r.url(block["baseUrl"], key(path, "baseUrl")),
-        profile=r.string(
-            block["profile"],
-            key(path, "profile"),
-            pattern=PROFILE,
-            expected="1 to 128 of A-Z a-z 0-9 . _ ~ - (not starting with . _ ~ -)",
-        ),
-        authorization=_authorization(block["authorization"], key(path, "authorization"), providers),
-        producer=producer,
-        completion=completion,
-        result_check_seconds=result_check,
-        call_timeout_seconds=call_timeout,
-        trusted_root_certificate_ref=root_ref,
+        type=need(kind),
+        base_url=need(base_url),
+        profile=need(profile),
+        authorization=need(authorization),
+        producer=need(producer),
+        completion=need(completion),
+        result_check_seconds=need(result_check),
+        call_timeout_seconds=need(call_timeout),
+        trusted_root_certificate_ref=need(root_ref),
     )
 
 
-def _authorization(value: object, path: str, providers: SecretProviders) -> ConnectionAuthorization:
+def _connection_type(value: object, path: str) -> str:
+    kind = r.string(value, path, max_bytes=64)
+    if kind not in CONNECTION_TYPES:
+        raise ConfigInvalid(path, "must be one of " + ", ".join(CONNECTION_TYPES))
+    return kind
+
+
+def _authorization(value: object, path: str, context: _Context) -> ConnectionAuthorization:
     block = r.mapping(
-        value, path, required=("clientId", "signingKeyRef", "scopes"), optional=("audience",)
+        value,
+        path,
+        context.problems,
+        required=("clientId", "signingKeyRef", "scopes"),
+        optional=("audience",),
     )
-    scopes_path = key(path, "scopes")
-    scopes: list[str] = []
-    for position, entry in enumerate(r.sequence(block["scopes"], scopes_path, min_items=1)):
-        entry_path = index(scopes_path, position)
-        scope = r.string(
-            entry,
-            entry_path,
-            pattern=SCOPE,
-            expected="an OAuth scope: 1 to 256 visible ASCII characters "
-            "without spaces, quotes or backslashes",
-        )
-        if scope in scopes:
-            raise ConfigInvalid(entry_path, "listed twice")
-        scopes.append(scope)
-    audience = None
-    if "audience" in block:
-        audience = r.string(
-            block["audience"],
-            key(path, "audience"),
-            pattern=URI_SCHEME,
-            expected="an absolute URI",
-            max_bytes=2048,
-        )
-        if "#" in audience:
-            raise ConfigInvalid(key(path, "audience"), "must not have a fragment")
+    scopes = block.read("scopes", _scopes, context.problems)
+    audience = block.optional("audience", None, _token_audience)
+    client_id = block.read("clientId", r.visible, max_len=255)
+    signing_key = block.read("signingKeyRef", r.reference, context.providers)
     return ConnectionAuthorization(
-        client_id=r.visible(block["clientId"], key(path, "clientId"), max_len=255),
-        signing_key_ref=r.reference(block["signingKeyRef"], key(path, "signingKeyRef"), providers),
-        scopes=tuple(scopes),
-        audience=audience,
+        client_id=need(client_id),
+        signing_key_ref=need(signing_key),
+        scopes=need(scopes),
+        audience=need(audience),
     )
 
 
-def _completion(value: object, path: str, providers: SecretProviders) -> Completion:
-    block = r.mapping(value, path, required=("recipientBinding", "bearerTokenRef"))
-    return Completion(
-        recipient_binding=r.visible(
-            block["recipientBinding"], key(path, "recipientBinding"), max_len=256
-        ),
-        bearer_token_ref=r.reference(
-            block["bearerTokenRef"], key(path, "bearerTokenRef"), providers
-        ),
+def _scopes(value: object, path: str, problems: Problems) -> tuple[str, ...]:
+    scopes: list[Maybe[str]] = []
+    for position, entry in enumerate(r.sequence(value, path, min_items=1)):
+        scopes.append(problems.attempt(_scope, entry, index(path, position), scopes))
+    return tuple(need_all(scopes))
+
+
+def _scope(value: object, path: str, earlier: list[Maybe[str]]) -> str:
+    scope = r.string(
+        value,
+        path,
+        pattern=SCOPE,
+        expected="an OAuth scope: 1 to 256 visible ASCII characters "
+        "without spaces, quotes or backslashes",
     )
+    if scope in earlier:
+        raise ConfigInvalid(path, "listed twice")
+    return scope
+
+
+def _token_audience(value: object, path: str) -> str:
+    audience = r.string(value, path, pattern=URI_SCHEME, expected="an absolute URI", max_bytes=2048)
+    if "#" in audience:
+        raise ConfigInvalid(path, "must not have a fragment")
+    return audience
+
+
+def _completion(value: object, path: str, context: _Context) -> Completion:
+    block = r.mapping(
+        value, path, context.problems, required=("recipientBinding", "bearerTokenRef")
+    )
+    binding = block.read("recipientBinding", r.visible, max_len=256)
+    token = block.read("bearerTokenRef", r.reference, context.providers)
+    return Completion(recipient_binding=need(binding), bearer_token_ref=need(token))
 
 
 def _name(name: str, path: str) -> None:

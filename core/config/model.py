@@ -149,6 +149,22 @@ class MetricsListener:
     """Private, loopback or link-local address and port, not the main listener's."""
 
 
+LOG_LEVELS: Final = ("debug", "info", "notice", "warning", "error")
+"""``deployment.logging.level`` values, most to least talkative."""
+LOG_FORMATS: Final = ("text", "json")
+"""``deployment.logging.format`` values: one line of text, or one JSON object, per record."""
+
+
+@dataclass(frozen=True)
+class Logging:
+    """``deployment.logging``: how much each component writes to standard error, and how."""
+
+    level: str = "notice"
+    """One of :data:`LOG_LEVELS`; ``notice`` shows starts, stops and every warning."""
+    format: str = "text"
+    """One of :data:`LOG_FORMATS`."""
+
+
 @dataclass(frozen=True)
 class InternalTls:
     """``deployment.internal.tls``: mutual TLS for the internal gRPC channel."""
@@ -171,6 +187,8 @@ class Internal:
     """Component name → TCP address; empty with ``socket_dir``."""
     tls: InternalTls | None
     """Present exactly when ``addresses`` is used."""
+    metrics_port: int | None = None
+    """With ``addresses``: the port each component serves its own ``/metrics`` on."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +275,8 @@ class Deployment:
     """The version new writes use."""
     admission_key_ref: SecretRef
     """32-byte key deriving start identities, run ids and command keys."""
+    logging: Logging = Logging()
+    """Log level and format of every component (the launcher's ``--log-level`` wins)."""
 
 
 @dataclass(frozen=True)

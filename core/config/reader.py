@@ -3,21 +3,26 @@
 Each reader takes the value and its dotted key path and either returns a typed value or
 raises :class:`core.errors.ConfigInvalid` naming that path. Reasons describe what is
 expected; they never repeat the value found (a misplaced secret must not reach a log).
+
+:func:`mapping` is the exception: it keeps every unknown and missing key in
+:class:`core.yamlsafe.Problems` and hands back a :class:`Block`, whose members are then read
+one by one, so that one run reports every independent mistake of a block.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from core.config.model import BindAddress, SecretProviders
 from core.errors import ConfigInvalid
 from core.paths import key
 from core.secrets import SecretRef, parse_reference
+from core.yamlsafe import FAILED, Maybe, Problems
 
 _VISIBLE = re.compile(r"[\x21-\x7e]+")
 _PRIVATE_NETWORKS = (
@@ -27,23 +32,76 @@ _PRIVATE_NETWORKS = (
     ipaddress.ip_network("fc00::/7"),
 )
 
+T = TypeVar("T")
+D = TypeVar("D")
+P = ParamSpec("P")
+Reader = Callable[Concatenate[object, str, P], T]
+
+
+class Block:
+    """A mapping of the runtime file whose unknown and missing keys were already reported.
+
+    It holds only the allowed keys; :meth:`read` judges one member, keeping its refusal.
+    """
+
+    def __init__(self, values: dict[str, Any], path: str, problems: Problems) -> None:
+        self.values = values
+        self.path = path
+        self.problems = problems
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.values
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """The allowed members, in the file's order."""
+        return iter(self.values.items())
+
+    def read(self, name: str, reader: Reader[P, T], *args: P.args, **kwargs: P.kwargs) -> Maybe[T]:
+        """Member ``name`` through ``reader``; FAILED when it is absent (a required key's
+        absence was reported by :func:`mapping`) or refused."""
+        if name not in self.values:
+            return FAILED
+        return self.problems.attempt(
+            reader, self.values[name], key(self.path, name), *args, **kwargs
+        )
+
+    def optional(
+        self, name: str, default: D, reader: Reader[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> Maybe[T | D]:
+        """Member ``name`` through ``reader``, or ``default`` when the key is absent."""
+        if name not in self.values:
+            return default
+        return self.read(name, reader, *args, **kwargs)
+
 
 def mapping(
-    value: object, path: str, *, required: Sequence[str] = (), optional: Sequence[str] = ()
-) -> dict[str, Any]:
-    """A mapping with exactly the allowed keys: unknown ones first, then missing ones."""
+    value: object,
+    path: str,
+    problems: Problems,
+    *,
+    required: Sequence[str] = (),
+    optional: Sequence[str] = (),
+) -> Block:
+    """A mapping with the allowed keys; every unknown key, then every missing one, is kept
+    in ``problems``. Raises only when ``value`` is not a mapping at all."""
     if not isinstance(value, dict):
         raise ConfigInvalid(path, "must be a mapping")
     allowed = set(required) | set(optional)
-    for name in value:
+    known: dict[str, Any] = {}
+    odd_key = False
+    for name, member in value.items():
         if not isinstance(name, str):
-            raise ConfigInvalid(path, "keys must be strings")
-        if name not in allowed:
-            raise ConfigInvalid(key(path, name), "unknown key")
+            if not odd_key:
+                problems.add(ConfigInvalid(path, "keys must be strings"))
+                odd_key = True
+        elif name not in allowed:
+            problems.add(ConfigInvalid(key(path, name), "unknown key"))
+        else:
+            known[name] = member
     for name in required:
         if name not in value:
-            raise ConfigInvalid(key(path, name), "required key is missing")
-    return value
+            problems.add(ConfigInvalid(key(path, name), "required key is missing"))
+    return Block(known, path, problems)
 
 
 def named_entries(value: object, path: str) -> dict[str, Any]:
@@ -115,9 +173,15 @@ def sequence(value: object, path: str, *, min_items: int = 0, max_items: int = 1
     return value
 
 
-def reference(value: object, path: str, providers: SecretProviders) -> SecretRef:
-    """A secret reference whose provider is enabled; the secret itself is never touched."""
+def reference(value: object, path: str, providers: SecretProviders | None) -> SecretRef:
+    """A secret reference whose provider is enabled; the secret itself is never touched.
+
+    With ``providers`` None (the file's secretProviders were refused), only its form is
+    judged: whether its provider is enabled cannot be told.
+    """
     ref = parse_reference(value, path)
+    if providers is None:
+        return ref
     if ref.provider == "file" and providers.file is None:
         raise ConfigInvalid(path, "secret:file/ references need secretProviders.file")
     if ref.provider == "env" and not providers.environment:

@@ -1,15 +1,22 @@
 """From ``workflow.yaml`` bytes to a ``Workflow``: the shape of the document.
 
 This module judges structure only — keys, types, ranges, names — and refuses with the dotted
-key path of the first problem. Whether the steps make a sound graph, whether references
-resolve and whether calls fit the catalogue is ``core.workflow.check``'s work.
+key path of each problem. Whether the steps make a sound graph, whether references resolve
+and whether calls fit the catalogue is ``core.workflow.check``'s work.
+
+A source that is not strict, plain YAML is refused at once. Otherwise every key and step is
+judged and each problem kept (:class:`core.yamlsafe.Problems`) in source order; what parsed
+is kept in a :class:`Draft`, so the checker can judge those parts too. A part that depends on
+a refused one (a call's fields when the call block is not a mapping) is not judged.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from core import yamlsafe
 from core.errors import PackageInvalid
@@ -38,6 +45,7 @@ from core.workflow.model import (
     WaitUntilStep,
     Workflow,
 )
+from core.yamlsafe import FAILED, AlreadyReported, Marks, Maybe, Problems, need, need_all
 
 NAME = re.compile(r"[a-z][a-z0-9-]{0,62}")
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
@@ -76,9 +84,94 @@ CALL_KEYS = ("connection", "operation", "input", "output", "deadlineSeconds")
 PREDICATES = ("equals", "in", "exists", "all", "any", "not")
 
 
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
 def refuse(path: str, reason: str) -> PackageInvalid:
     """The refusal every workflow rule raises."""
     return PackageInvalid(path or "workflow.yaml", reason)
+
+
+@dataclass
+class Draft:
+    """What of a workflow source parsed; FAILED marks a part that was refused.
+
+    ``steps`` holds the steps that parsed, ``step_names`` every name under ``steps`` (None
+    when ``steps`` itself was refused); ``connections`` the declarations that parsed and
+    ``connection_names`` every declared name.
+    """
+
+    id: Maybe[str] = FAILED
+    version: Maybe[str] = FAILED
+    description: Maybe[str] = FAILED
+    input_schema: Maybe[Mapping[str, Any]] = FAILED
+    connections: dict[str, str] = field(default_factory=dict)
+    connection_names: frozenset[str] | None = None
+    outcomes: Maybe[tuple[str, ...]] = FAILED
+    start: Maybe[str] = FAILED
+    on_cancel: Maybe[str | None] = None
+    steps: dict[str, Step] = field(default_factory=dict)
+    step_names: frozenset[str] | None = None
+    steps_complete: bool = False
+    """Every step parsed and their number is allowed: the graph can be judged as a whole."""
+
+    @classmethod
+    def of(cls, wf: Workflow) -> Draft:
+        """The draft of a workflow that parsed whole."""
+        return cls(
+            id=wf.id,
+            version=wf.version,
+            description=wf.description,
+            input_schema=wf.input_schema,
+            connections=dict(wf.connections),
+            connection_names=frozenset(wf.connections),
+            outcomes=wf.outcomes,
+            start=wf.start,
+            on_cancel=wf.on_cancel,
+            steps=dict(wf.steps),
+            step_names=frozenset(wf.steps),
+            steps_complete=True,
+        )
+
+    @property
+    def connections_complete(self) -> bool:
+        """Every declared connection parsed."""
+        return self.connection_names is not None and set(self.connections) == set(
+            self.connection_names
+        )
+
+    def workflow(self) -> Workflow:
+        """The whole workflow; only when nothing was refused."""
+        if not (self.steps_complete and self.connections_complete):
+            raise AlreadyReported
+        return Workflow(
+            id=need(self.id),
+            version=need(self.version),
+            description=need(self.description),
+            input_schema=need(self.input_schema),
+            connections=dict(self.connections),
+            outcomes=need(self.outcomes),
+            start=need(self.start),
+            on_cancel=need(self.on_cancel),
+            steps=dict(self.steps),
+        )
+
+
+def _member(
+    problems: Problems,
+    values: dict[str, Any],
+    name: str,
+    path: str,
+    reader: Callable[Concatenate[Any, str, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> Maybe[T]:
+    """``values[name]`` through ``reader``; FAILED when absent (reported by :func:`_keys`) or
+    refused."""
+    if name not in values:
+        return FAILED
+    return problems.attempt(reader, values[name], key(path, name), *args, **kwargs)
 
 
 def _mapping(value: Any, path: str, what: str = "a mapping") -> dict[str, Any]:
@@ -93,15 +186,19 @@ def _keys(
     allowed: tuple[str, ...],
     required: tuple[str, ...],
     where: str,
+    problems: Problems,
 ) -> None:
+    """Keep a problem for every key not allowed, then for every required key missing."""
     for name in value:
         if name not in allowed:
-            raise refuse(
-                key(path, name), f"is not a key of {where} (it may have: {', '.join(allowed)})"
+            problems.add(
+                refuse(
+                    key(path, name), f"is not a key of {where} (it may have: {', '.join(allowed)})"
+                )
             )
     for name in required:
         if name not in value:
-            raise refuse(key(path, name), f"is missing: {where} needs it")
+            problems.add(refuse(key(path, name), f"is missing: {where} needs it"))
 
 
 def _name(value: Any, path: str, what: str) -> str:
@@ -147,73 +244,119 @@ def _step_ref(value: Any, path: str) -> str:
 
 def load_document(source: bytes) -> dict[str, Any]:
     """Strictly load the YAML of a workflow source (size, YAML rules, plain data)."""
+    document, _ = load_marked_document(source)
+    return document
+
+
+def load_marked_document(source: bytes) -> tuple[dict[str, Any], Marks]:
+    """:func:`load_document`, and where each key path of the source sits.
+
+    A source that is not plain data is refused at once, with that one problem.
+    """
     if len(source) > MAX_SOURCE_BYTES:
         raise refuse(
             "workflow.yaml",
             f"the file is larger than {MAX_SOURCE_BYTES:,} bytes (256 KiB)",
         )
-    document = yamlsafe.load(source, refuse)
+    document, marks = yamlsafe.load_marked(source, refuse)
     _plain(document, "")
-    return _mapping(document, "workflow.yaml", "a mapping of workflow keys")
+    return _mapping(document, "workflow.yaml", "a mapping of workflow keys"), marks
 
 
 def parse_source(source: bytes) -> Workflow:
-    """Parse workflow source bytes into a ``Workflow``; structure only, no cross-checks."""
-    doc = load_document(source)
-    _keys(doc, "", TOP_KEYS, TOP_REQUIRED, "a workflow")
-    if doc["format"] != WORKFLOW_FORMAT:
-        raise refuse("format", f"must be {WORKFLOW_FORMAT}")
-    workflow_id = _name(doc["id"], "id", "a workflow id")
-    version = doc["version"]
-    if not isinstance(version, str) or not SEMVER.fullmatch(version):
-        raise refuse("version", "must be a semantic version such as 1.2.0 (quote it in YAML)")
-    description = _text(doc.get("description", ""), "description")
-    input_schema = _mapping(doc["input"], "input", "a schema mapping")
+    """Parse workflow source bytes into a ``Workflow``; structure only, no cross-checks.
 
+    Refuses with the first problem, which carries every problem found (``extra["problems"]``).
+    """
+    document, marks = load_marked_document(source)
+    problems = Problems(marks)
+    draft = parse_document(document, problems)
+    problems.raise_first()
+    return draft.workflow()
+
+
+def parse_document(doc: dict[str, Any], problems: Problems) -> Draft:
+    """Judge the shape of a loaded workflow document, keeping every problem."""
+    draft = Draft()
+    _keys(doc, "", TOP_KEYS, TOP_REQUIRED, "a workflow", problems)
+    if "format" in doc and doc["format"] != WORKFLOW_FORMAT:
+        problems.add(refuse("format", f"must be {WORKFLOW_FORMAT}"))
+    draft.id = _member(problems, doc, "id", "", _name, "a workflow id")
+    draft.version = _member(problems, doc, "version", "", _version)
+    draft.description = problems.attempt(_text, doc.get("description", ""), "description")
+    draft.input_schema = _member(problems, doc, "input", "", _mapping, "a schema mapping")
+    if "connections" in doc:
+        problems.attempt(_connections, doc["connections"], draft, problems)
+    draft.outcomes = _member(problems, doc, "outcomes", "", _outcomes, problems)
+    if "steps" in doc:
+        problems.attempt(_steps, doc["steps"], draft, problems)
+    draft.start = _member(problems, doc, "start", "", _step_ref)
+    on_cancel = doc.get("onCancel")
+    if on_cancel is not None:
+        draft.on_cancel = problems.attempt(_step_ref, on_cancel, "onCancel")
+    return draft
+
+
+def _version(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not SEMVER.fullmatch(value):
+        raise refuse(path, "must be a semantic version such as 1.2.0 (quote it in YAML)")
+    return value
+
+
+def _connections(value: Any, draft: Draft, problems: Problems) -> None:
     connections = _mapping(
-        doc["connections"], "connections", "a mapping of connection names to connection types"
+        value, "connections", "a mapping of connection names to connection types"
     )
+    draft.connection_names = frozenset(connections)
     for name, kind in connections.items():
-        _name(name, key("connections", name), "a connection name")
+        path = key("connections", name)
+        named = problems.attempt(_name, name, path, "a connection name")
         if not isinstance(kind, str):
-            raise refuse(key("connections", name), "must be a connection type name")
+            problems.add(refuse(path, "must be a connection type name"))
+        elif named is not FAILED:
+            draft.connections[name] = kind
 
-    outcomes = doc["outcomes"]
-    if not isinstance(outcomes, list) or not outcomes:
-        raise refuse("outcomes", "must be a non-empty list of outcome names")
-    for position, outcome in enumerate(outcomes):
-        _name(outcome, index("outcomes", position), "an outcome")
-        if outcome in outcomes[:position]:
-            raise refuse(index("outcomes", position), "is listed twice")
 
-    steps_doc = _mapping(doc["steps"], "steps", "a mapping of step names to steps")
+def _outcomes(value: Any, path: str, problems: Problems) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise refuse(path, "must be a non-empty list of outcome names")
+    outcomes: list[Maybe[str]] = []
+    for position, outcome in enumerate(value):
+        where = index(path, position)
+        named = problems.attempt(_name, outcome, where, "an outcome")
+        if named is not FAILED and named in outcomes:
+            problems.add(refuse(where, "is listed twice"))
+            named = FAILED
+        outcomes.append(named)
+    return tuple(need_all(outcomes))
+
+
+def _steps(value: Any, draft: Draft, problems: Problems) -> None:
+    steps_doc = _mapping(value, "steps", "a mapping of step names to steps")
+    draft.step_names = frozenset(steps_doc)
+    complete = True
     if not steps_doc:
-        raise refuse("steps", "a workflow needs at least one step")
+        problems.add(refuse("steps", "a workflow needs at least one step"))
+        complete = False
     if len(steps_doc) > MAX_STEPS:
-        raise refuse(
-            "steps", f"has {len(steps_doc)} steps; a workflow may have at most {MAX_STEPS}"
+        problems.add(
+            refuse("steps", f"has {len(steps_doc)} steps; a workflow may have at most {MAX_STEPS}")
         )
-    steps: dict[str, Step] = {}
+        complete = False
     for step_id, body in steps_doc.items():
         path = key("steps", step_id)
-        _name(step_id, path, "a step name")
-        steps[step_id] = _step(step_id, body, path, connections)
-
-    on_cancel = doc.get("onCancel")
-    return Workflow(
-        id=workflow_id,
-        version=version,
-        description=description,
-        input_schema=input_schema,
-        connections=dict(connections),
-        outcomes=tuple(outcomes),
-        start=_step_ref(doc["start"], "start"),
-        on_cancel=None if on_cancel is None else _step_ref(on_cancel, "onCancel"),
-        steps=steps,
-    )
+        named = problems.attempt(_name, step_id, path, "a step name")
+        step = problems.attempt(_step, step_id, body, path, draft.connections, problems)
+        if named is FAILED or step is FAILED:
+            complete = False
+        else:
+            draft.steps[step_id] = step
+    draft.steps_complete = complete
 
 
-def _step(step_id: str, body: Any, path: str, connections: dict[str, Any]) -> Step:
+def _step(
+    step_id: str, body: Any, path: str, connections: dict[str, str], problems: Problems
+) -> Step:
     body = _mapping(body, path, "a mapping with one of " + ", ".join(STEP_KINDS))
     kinds = [name for name in body if name in STEP_KINDS]
     if not kinds:
@@ -229,92 +372,123 @@ def _step(step_id: str, body: Any, path: str, connections: dict[str, Any]) -> St
         )
     kind = kinds[0]
     allowed = (kind, *BESIDE[kind], "description")
-    _keys(body, path, allowed, (), f"a {kind} step")
+    # An unknown key or a refused description leaves the step itself usable: it is
+    # reported, and the step still takes part in the graph.
+    _keys(body, path, allowed, (), f"a {kind} step", problems)
     if "description" in body:
-        _text(body["description"], key(path, "description"))
+        problems.attempt(_text, body["description"], key(path, "description"))
     if kind != "finish" and kind != "choose" and "next" not in body:
-        raise refuse(
-            key(path, "next"),
-            "is missing: say where the run continues, so that every path ends in a finish step",
+        problems.add(
+            refuse(
+                key(path, "next"),
+                "is missing: say where the run continues, so that every path ends in a finish step",
+            )
         )
     inner = key(path, kind)
     if kind == "call":
-        return _call(step_id, body, inner, path)
+        return _call(step_id, body, inner, path, problems)
     if kind == "choose":
-        return _choose(step_id, body, inner, path)
+        return _choose(step_id, body, inner, path, problems)
     if kind == "wait-until":
-        return _wait_until(step_id, body, inner, path)
+        return _wait_until(step_id, body, inner, path, problems)
     if kind == "wait-for":
-        return _wait_for(step_id, body, inner, path, connections)
+        return _wait_for(step_id, body, inner, path, connections, problems)
+    return _finish(step_id, body, inner, problems)
+
+
+def _finish(step_id: str, body: dict[str, Any], inner: str, problems: Problems) -> FinishStep:
     spec = _mapping(body["finish"], inner, "a mapping with outcome")
-    _keys(spec, inner, ("outcome",), ("outcome",), "finish")
-    return FinishStep(
-        id=step_id, outcome=_name(spec["outcome"], key(inner, "outcome"), "an outcome")
-    )
+    _keys(spec, inner, ("outcome",), ("outcome",), "finish", problems)
+    outcome = _member(problems, spec, "outcome", inner, _name, "an outcome")
+    return FinishStep(id=step_id, outcome=need(outcome))
 
 
-def _call(step_id: str, body: dict[str, Any], inner: str, path: str) -> CallStep:
-    spec = _mapping(body["call"], inner)
-    _keys(spec, inner, CALL_KEYS, ("connection", "operation", "input"), "call")
-    connection = _name(spec["connection"], key(inner, "connection"), "a connection name")
-    operation = spec["operation"]
-    if not isinstance(operation, str):
-        raise refuse(key(inner, "operation"), "must be an operation name")
-    command = _mapping(spec["input"], key(inner, "input"), "a mapping of command fields")
-    output = _mapping(
-        spec.get("output", {}),
-        key(inner, "output"),
-        "a mapping of names to values kept from the response",
-    )
+def _output_names(value: Any, path: str, problems: Problems) -> dict[str, Any]:
+    output = _mapping(value, path, "a mapping of names to values kept from the response")
+    bad = False
     for name in output:
         if not FIELD_NAME.fullmatch(name):
-            raise refuse(
-                key(key(inner, "output"), name),
-                "kept value names are letters, digits, '_' and '-', starting with a letter or '_'",
+            problems.add(
+                refuse(
+                    key(path, name),
+                    "kept value names are letters, digits, '_' and '-', "
+                    "starting with a letter or '_'",
+                )
             )
-    deadline = DEFAULT_DEADLINE_SECONDS
-    if "deadlineSeconds" in spec:
-        deadline = _seconds(
-            spec["deadlineSeconds"], key(inner, "deadlineSeconds"), 1, MAX_DEADLINE_SECONDS
-        )
+            bad = True
+    if bad:
+        raise AlreadyReported
+    return output
+
+
+def _operation(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise refuse(path, "must be an operation name")
+    return value
+
+
+def _call(
+    step_id: str, body: dict[str, Any], inner: str, path: str, problems: Problems
+) -> CallStep:
+    spec = _mapping(body["call"], inner)
+    _keys(spec, inner, CALL_KEYS, ("connection", "operation", "input"), "call", problems)
+    connection = _member(problems, spec, "connection", inner, _name, "a connection name")
+    operation = _member(problems, spec, "operation", inner, _operation)
+    command = _member(problems, spec, "input", inner, _mapping, "a mapping of command fields")
+    output = problems.attempt(_output_names, spec.get("output", {}), key(inner, "output"), problems)
+    deadline = (
+        _member(problems, spec, "deadlineSeconds", inner, _seconds, 1, MAX_DEADLINE_SECONDS)
+        if "deadlineSeconds" in spec
+        else DEFAULT_DEADLINE_SECONDS
+    )
+    following = _member(problems, body, "next", path, _step_ref)
     on_refused = body.get("onRefused")
+    refused_step = (
+        None
+        if on_refused is None
+        else problems.attempt(_step_ref, on_refused, key(path, "onRefused"))
+    )
     return CallStep(
         id=step_id,
-        connection=connection,
-        operation=operation,
-        input=command,
-        output=output,
-        deadline_seconds=deadline,
-        next=_step_ref(body["next"], key(path, "next")),
-        on_refused=None if on_refused is None else _step_ref(on_refused, key(path, "onRefused")),
+        connection=need(connection),
+        operation=need(operation),
+        input=need(command),
+        output=need(output),
+        deadline_seconds=need(deadline),
+        next=need(following),
+        on_refused=need(refused_step),
     )
 
 
-def _choose(step_id: str, body: dict[str, Any], inner: str, path: str) -> ChooseStep:
+def _choose(
+    step_id: str, body: dict[str, Any], inner: str, path: str, problems: Problems
+) -> ChooseStep:
     entries = body["choose"]
     if not isinstance(entries, list) or not entries:
         raise refuse(inner, "must be a non-empty list of {when, next} entries")
     if "otherwise" not in body:
-        raise refuse(
-            key(path, "otherwise"),
-            "is missing: a choose step needs a step for when no branch matches",
-        )
-    branches = []
-    for position, entry in enumerate(entries):
-        where = index(inner, position)
-        entry = _mapping(entry, where, "a mapping with when and next")
-        _keys(entry, where, ("when", "next"), ("when", "next"), "a choose branch")
-        branches.append(
-            Branch(
-                when=parse_predicate(entry["when"], key(where, "when")),
-                next=_step_ref(entry["next"], key(where, "next")),
+        problems.add(
+            refuse(
+                key(path, "otherwise"),
+                "is missing: a choose step needs a step for when no branch matches",
             )
         )
-    return ChooseStep(
-        id=step_id,
-        branches=tuple(branches),
-        otherwise=_step_ref(body["otherwise"], key(path, "otherwise")),
-    )
+    branches = [
+        problems.attempt(_branch, entry, index(inner, position), problems)
+        for position, entry in enumerate(entries)
+    ]
+    otherwise = _member(problems, body, "otherwise", path, _step_ref)
+    return ChooseStep(id=step_id, branches=tuple(need_all(branches)), otherwise=need(otherwise))
+
+
+def _branch(value: Any, where: str, problems: Problems) -> Branch:
+    entry = _mapping(value, where, "a mapping with when and next")
+    _keys(entry, where, ("when", "next"), ("when", "next"), "a choose branch", problems)
+    when: Maybe[Predicate] = _member(problems, entry, "when", where, parse_predicate)
+    following = _member(problems, entry, "next", where, _step_ref)
+    if when is FAILED:  # (need() would widen the predicate union to object)
+        raise AlreadyReported
+    return Branch(when=when, next=need(following))
 
 
 def parse_predicate(value: Any, path: str) -> Predicate:
@@ -354,58 +528,91 @@ def parse_predicate(value: Any, path: str) -> Predicate:
     return Not(parse_predicate(arg, where))
 
 
-def _wait_until(step_id: str, body: dict[str, Any], inner: str, path: str) -> WaitUntilStep:
+def _wait_until(
+    step_id: str, body: dict[str, Any], inner: str, path: str, problems: Problems
+) -> WaitUntilStep:
     spec = _mapping(body["wait-until"], inner, "a mapping with at or afterSeconds")
-    _keys(spec, inner, ("at", "afterSeconds"), (), "wait-until")
-    if ("at" in spec) == ("afterSeconds" in spec):
-        raise refuse(inner, "needs exactly one of at (an instant) or afterSeconds")
+    _keys(spec, inner, ("at", "afterSeconds"), (), "wait-until", problems)
+    exactly_one = ("at" in spec) != ("afterSeconds" in spec)
+    if not exactly_one:
+        problems.add(refuse(inner, "needs exactly one of at (an instant) or afterSeconds"))
     at = spec.get("at")
     if at is not None and not isinstance(at, str):
-        raise refuse(key(inner, "at"), "must be an RFC 3339 instant or a ${...} expression")
-    after = None
+        problems.add(refuse(key(inner, "at"), "must be an RFC 3339 instant or a ${...} expression"))
+        exactly_one = False
+    after: Maybe[int | None] = None
     if "afterSeconds" in spec:
-        after = _seconds(spec["afterSeconds"], key(inner, "afterSeconds"), 1, MAX_AFTER_SECONDS)
+        after = _member(problems, spec, "afterSeconds", inner, _seconds, 1, MAX_AFTER_SECONDS)
+    following = _member(problems, body, "next", path, _step_ref)
+    if not exactly_one:
+        raise AlreadyReported
     return WaitUntilStep(
-        id=step_id, at=at, after_seconds=after, next=_step_ref(body["next"], key(path, "next"))
+        id=step_id,
+        at=at if isinstance(at, str) else None,
+        after_seconds=need(after),
+        next=need(following),
     )
 
 
 def _wait_for(
-    step_id: str, body: dict[str, Any], inner: str, path: str, connections: dict[str, Any]
+    step_id: str,
+    body: dict[str, Any],
+    inner: str,
+    path: str,
+    connections: dict[str, str],
+    problems: Problems,
 ) -> WaitForStep:
     spec = _mapping(body["wait-for"], inner)
     for name in ("connection", "result"):
         if name not in spec:
-            raise refuse(key(inner, name), "is missing: wait-for needs it")
-    connection = _name(spec["connection"], key(inner, "connection"), "a connection name")
-    result_name = spec["result"]
-    if not isinstance(result_name, str):
-        raise refuse(key(inner, "result"), "must be a result name")
-    timeout = None
+            problems.add(refuse(key(inner, name), "is missing: wait-for needs it"))
+    connection = _member(problems, spec, "connection", inner, _name, "a connection name")
+    result_name = _member(problems, spec, "result", inner, _result_name)
+    timeout: Maybe[int | None] = None
     if "timeoutSeconds" in spec:
-        timeout = _seconds(
-            spec["timeoutSeconds"], key(inner, "timeoutSeconds"), 1, MAX_AFTER_SECONDS
-        )
+        timeout = _member(problems, spec, "timeoutSeconds", inner, _seconds, 1, MAX_AFTER_SECONDS)
+    # Whether onTimeout belongs depends on timeoutSeconds being written, not on its value.
     on_timeout = body.get("onTimeout")
-    if timeout is not None and on_timeout is None:
-        raise refuse(
-            key(path, "onTimeout"),
-            "is missing: with timeoutSeconds, say which step runs when the wait times out",
+    timed = "timeoutSeconds" in spec
+    on_timeout_step: Maybe[str | None] = None
+    if timed and on_timeout is None:
+        problems.add(
+            refuse(
+                key(path, "onTimeout"),
+                "is missing: with timeoutSeconds, say which step runs when the wait times out",
+            )
         )
-    if timeout is None and on_timeout is not None:
-        raise refuse(key(path, "onTimeout"), "has no effect without wait-for.timeoutSeconds")
+        on_timeout_step = FAILED
+    elif not timed and on_timeout is not None:
+        problems.add(
+            refuse(key(path, "onTimeout"), "has no effect without wait-for.timeoutSeconds")
+        )
+        on_timeout_step = FAILED
+    following = _member(problems, body, "next", path, _step_ref)
+    if on_timeout is not None and on_timeout_step is not FAILED:
+        on_timeout_step = problems.attempt(_step_ref, on_timeout, key(path, "onTimeout"))
     identifying = {
         n: v for n, v in spec.items() if n not in ("connection", "result", "timeoutSeconds")
     }
-    kind = connections.get(connection)
-    known = catalogue.result(kind, result_name) if isinstance(kind, str) else None
+    kind = connections.get(connection) if connection is not FAILED else None
+    known = (
+        catalogue.result(kind, result_name)
+        if isinstance(kind, str) and isinstance(result_name, str)
+        else None
+    )
     return WaitForStep(
         id=step_id,
-        connection=connection,
-        result=result_name,
+        connection=need(connection),
+        result=need(result_name),
         identifying=identifying,
-        timeout_seconds=timeout,
-        next=_step_ref(body["next"], key(path, "next")),
-        on_timeout=None if on_timeout is None else _step_ref(on_timeout, key(path, "onTimeout")),
+        timeout_seconds=need(timeout),
+        next=need(following),
+        on_timeout=need(on_timeout_step),
         result_fields=tuple(f.name for f in known.fields) if known else (),
     )
+
+
+def _result_name(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise refuse(path, "must be a result name")
+    return value

@@ -23,6 +23,7 @@ from typing import Any
 from core.errors import PackageInvalid
 from core.paths import index, key
 from core.workflow.jsonvalue import article, json_equal, json_type_of, pointer_token, type_fits
+from core.yamlsafe import FAILED, Problems
 
 TYPES = ("object", "string", "integer", "number", "boolean", "array")
 
@@ -87,83 +88,140 @@ def _number(value: Any, path: str) -> float:
     return float(value)
 
 
-def check_schema(schema: Any, path: str = "input", *, top: bool = True) -> None:
-    """Refuse a schema outside the subset; the path names the offending keyword."""
+def check_schema(
+    schema: Any, path: str = "input", *, top: bool = True, problems: Problems | None = None
+) -> None:
+    """Refuse a schema outside the subset; the path names the offending keyword.
+
+    With ``problems``, every problem is kept there instead of raising the first one.
+    """
+    if problems is None:
+        problems = Problems()
+        _check_schema(schema, path, top, problems)
+        problems.raise_first()
+    else:
+        _check_schema(schema, path, top, problems)
+
+
+def _check_schema(schema: Any, path: str, top: bool, problems: Problems) -> None:
     if not isinstance(schema, dict):
-        raise _refuse(path, "a schema must be a mapping")
+        problems.add(_refuse(path, "a schema must be a mapping"))
+        return
     for word in schema:
         if word not in KEYWORDS:
-            raise _refuse(
-                key(path, str(word)),
-                "is not a supported schema keyword (supported: " + ", ".join(KEYWORDS) + ")",
+            problems.add(
+                _refuse(
+                    key(path, str(word)),
+                    "is not a supported schema keyword (supported: " + ", ".join(KEYWORDS) + ")",
+                )
             )
     kind = schema.get("type")
     if kind is None:
-        raise _refuse(key(path, "type"), "every schema needs a type")
-    if kind not in TYPES:
-        raise _refuse(key(path, "type"), "must be one of " + ", ".join(TYPES))
-    for word, kinds in _ONLY_FOR.items():
-        if word in schema and kind not in kinds:
-            raise _refuse(key(path, word), f"applies to {' and '.join(kinds)} schemas, not {kind}")
-    if top and kind != "object":
-        raise _refuse(key(path, "type"), "the start input must be an object")
+        problems.add(_refuse(key(path, "type"), "every schema needs a type"))
+    elif kind not in TYPES:
+        problems.add(_refuse(key(path, "type"), "must be one of " + ", ".join(TYPES)))
+    # The rules below that depend on the type are judged only when the type is known.
+    known = kind if kind in TYPES else None
+    if known is not None:
+        for word, kinds in _ONLY_FOR.items():
+            if word in schema and known not in kinds:
+                problems.add(
+                    _refuse(
+                        key(path, word), f"applies to {' and '.join(kinds)} schemas, not {known}"
+                    )
+                )
+        if top and known != "object":
+            problems.add(_refuse(key(path, "type"), "the start input must be an object"))
     if top and schema.get("additionalProperties") is not False:
-        raise _refuse(
-            key(path, "additionalProperties"),
-            "must be false at the top level, so unexpected start fields are refused",
+        problems.add(
+            _refuse(
+                key(path, "additionalProperties"),
+                "must be false at the top level, so unexpected start fields are refused",
+            )
         )
-    if "additionalProperties" in schema and schema["additionalProperties"] is not False:
-        raise _refuse(key(path, "additionalProperties"), "only false is supported")
+    elif "additionalProperties" in schema and schema["additionalProperties"] is not False:
+        problems.add(_refuse(key(path, "additionalProperties"), "only false is supported"))
     if "description" in schema and not isinstance(schema["description"], str):
-        raise _refuse(key(path, "description"), "must be text")
+        problems.add(_refuse(key(path, "description"), "must be text"))
     properties = schema.get("properties", {})
     if not isinstance(properties, dict):
-        raise _refuse(key(path, "properties"), "must be a mapping of field names to schemas")
-    for name, sub in properties.items():
-        if not isinstance(name, str) or not name:
-            raise _refuse(key(path, "properties"), "field names must be non-empty text")
-        check_schema(sub, key(key(path, "properties"), name), top=False)
+        problems.add(
+            _refuse(key(path, "properties"), "must be a mapping of field names to schemas")
+        )
+        properties = None
+    else:
+        for name, sub in properties.items():
+            if not isinstance(name, str) or not name:
+                problems.add(_refuse(key(path, "properties"), "field names must be non-empty text"))
+                continue
+            _check_schema(sub, key(key(path, "properties"), name), False, problems)
     if "required" in schema:
-        required = schema["required"]
-        where = key(path, "required")
-        if not isinstance(required, list):
-            raise _refuse(where, "must be a list of field names")
-        for position, name in enumerate(required):
-            if not isinstance(name, str) or name not in properties:
-                raise _refuse(index(where, position), "names a field not declared in properties")
-            if name in required[:position]:
-                raise _refuse(index(where, position), "names a field twice")
+        _check_required(schema["required"], key(path, "required"), properties, problems)
     if "items" in schema:
-        check_schema(schema["items"], key(path, "items"), top=False)
+        _check_schema(schema["items"], key(path, "items"), False, problems)
     lengths = {
-        w: _count(schema[w], key(path, w)) for w in ("minLength", "maxLength") if w in schema
+        w: problems.attempt(_count, schema[w], key(path, w))
+        for w in ("minLength", "maxLength")
+        if w in schema
     }
     if "maxItems" in schema:
-        _count(schema["maxItems"], key(path, "maxItems"))
-    if lengths.get("minLength", 0) > lengths.get("maxLength", math.inf):
-        raise _refuse(key(path, "minLength"), "is larger than maxLength")
-    bounds = {w: _number(schema[w], key(path, w)) for w in ("minimum", "maximum") if w in schema}
-    if bounds.get("minimum", -math.inf) > bounds.get("maximum", math.inf):
-        raise _refuse(key(path, "minimum"), "is larger than maximum")
+        problems.attempt(_count, schema["maxItems"], key(path, "maxItems"))
+    low, high = lengths.get("minLength", 0), lengths.get("maxLength", math.inf)
+    if low is not FAILED and high is not FAILED and low > high:
+        problems.add(_refuse(key(path, "minLength"), "is larger than maxLength"))
+    bounds = {
+        w: problems.attempt(_number, schema[w], key(path, w))
+        for w in ("minimum", "maximum")
+        if w in schema
+    }
+    least, most = bounds.get("minimum", -math.inf), bounds.get("maximum", math.inf)
+    if least is not FAILED and most is not FAILED and least > most:
+        problems.add(_refuse(key(path, "minimum"), "is larger than maximum"))
     if "pattern" in schema:
-        pattern = schema["pattern"]
-        if not isinstance(pattern, str):
-            raise _refuse(key(path, "pattern"), "must be a regular expression as text")
-        try:
-            _compiled(pattern)
-        except re.error:
-            raise _refuse(key(path, "pattern"), "is not a valid regular expression") from None
+        problems.attempt(_pattern, schema["pattern"], key(path, "pattern"))
     if "format" in schema and schema["format"] != "date-time":
-        raise _refuse(key(path, "format"), "only date-time is supported")
+        problems.add(_refuse(key(path, "format"), "only date-time is supported"))
     if "enum" in schema:
         options = schema["enum"]
         if not isinstance(options, list) or not options:
-            raise _refuse(key(path, "enum"), "must be a non-empty list")
-        for position, option in enumerate(options):
-            if not type_fits(json_type_of(option), kind):
-                raise _refuse(index(key(path, "enum"), position), f"is not of type {kind}")
-    if "const" in schema and not type_fits(json_type_of(schema["const"]), kind):
-        raise _refuse(key(path, "const"), f"is not of type {kind}")
+            problems.add(_refuse(key(path, "enum"), "must be a non-empty list"))
+        elif known is not None:
+            for position, option in enumerate(options):
+                if not type_fits(json_type_of(option), known):
+                    problems.add(
+                        _refuse(index(key(path, "enum"), position), f"is not of type {known}")
+                    )
+    if (
+        "const" in schema
+        and known is not None
+        and not type_fits(json_type_of(schema["const"]), known)
+    ):
+        problems.add(_refuse(key(path, "const"), f"is not of type {known}"))
+
+
+def _check_required(
+    required: Any, where: str, properties: dict[str, Any] | None, problems: Problems
+) -> None:
+    if not isinstance(required, list):
+        problems.add(_refuse(where, "must be a list of field names"))
+        return
+    for position, name in enumerate(required):
+        # Against properties that could not be read, whether a name is declared is unknown.
+        if properties is not None and (not isinstance(name, str) or name not in properties):
+            problems.add(
+                _refuse(index(where, position), "names a field not declared in properties")
+            )
+        elif name in required[:position]:
+            problems.add(_refuse(index(where, position), "names a field twice"))
+
+
+def _pattern(pattern: Any, path: str) -> None:
+    if not isinstance(pattern, str):
+        raise _refuse(path, "must be a regular expression as text")
+    try:
+        _compiled(pattern)
+    except re.error:
+        raise _refuse(path, "is not a valid regular expression") from None
 
 
 def lookup(schema: dict[str, Any], names: tuple[str, ...]) -> tuple[dict[str, Any] | None, str]:

@@ -17,6 +17,14 @@ import pytest
 
 from cli.main import default_idempotency_key, main
 from core import __version__
+from tests.helpers.refusals import json_refusal
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An operator's shell may export these; the tests below say what they expect explicitly.
+    monkeypatch.delenv("COORDINATOR_URL", raising=False)
+    monkeypatch.delenv("COORDINATOR_TOKEN_FILE", raising=False)
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -317,3 +325,159 @@ def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:
     assert row.split() == ["r-2", "approval-notice", "held", "-", "true", "2026-12-01T10:00:00Z"]
     assert cursor == "nextCursor: c2"
     assert recorder.requests[0]["path"] == "/v1/runs?attention=true"
+
+
+# -- environment defaults ------------------------------------------------------------------
+
+
+def test_url_and_token_file_default_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    gateway: tuple[str, Recorder],
+    token_file: Path,
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (200, "application/json", {"activationReady": True})
+    monkeypatch.setenv("COORDINATOR_URL", url)
+    monkeypatch.setenv("COORDINATOR_TOKEN_FILE", str(token_file))
+    code, out, err = run_cli(["doctor", "--output", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out) == {"activationReady": True}
+    assert recorder.requests[0]["headers"]["Authorization"] == "Bearer header.payload.signature"
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_the_command_line_wins_over_the_environment(
+    position: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    gateway: tuple[str, Recorder],
+    token_file: Path,
+) -> None:
+    url, recorder = gateway
+    recorder.answer = (200, "application/json", {"activationReady": True})
+    # Both would fail: nothing listens on port 9, and the token file does not exist.
+    monkeypatch.setenv("COORDINATOR_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("COORDINATOR_TOKEN_FILE", str(tmp_path / "absent-token"))
+    given = ["--url", url, "--token-file", str(token_file)]
+    args = [*given, "doctor"] if position == "before" else ["doctor", *given]
+    code, _, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert len(recorder.requests) == 1
+
+
+def test_without_url_or_environment_it_is_still_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, token_file: Path
+) -> None:
+    monkeypatch.setenv("COORDINATOR_TOKEN_FILE", str(token_file))
+    code, _, err = run_cli(["doctor"], capsys)
+    assert code == 2
+    assert "COORDINATOR_URL" in err
+
+
+# -- refusals under --output json ------------------------------------------------------------
+
+
+def test_a_problem_under_json_output_is_one_json_document_on_stderr(ctl: Ctl) -> None:
+    ctl.recorder.answer = (
+        409,
+        "application/problem+json",
+        {"code": "execution.held", "status": 409, "title": "held", "detail": "restore hold"},
+    )
+    code, out, err = ctl("retry-same", "--run", "r1", "--reason", "inc-1", "--output", "json")
+    assert (code, out) == (1, "")
+    document = json_refusal(err)
+    assert document["code"] == "coordinator.execution.held"
+    assert document["detail"] == "restore hold"
+    assert document["errors"] == [{"code": "coordinator.execution.held", "detail": "restore hold"}]
+
+
+def test_text_refusals_keep_their_exact_line(ctl: Ctl) -> None:
+    ctl.recorder.answer = (
+        409,
+        "application/problem+json",
+        {"code": "execution.held", "status": 409, "title": "held", "detail": "restore hold"},
+    )
+    code, _, err = ctl("retry-same", "--run", "r1", "--reason", "inc-1")
+    assert (code, err) == (1, "coordinator.execution.held: restore hold\n")
+
+
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_a_local_refusal_under_json_output_is_json_too(
+    position: str,
+    capsys: pytest.CaptureFixture[str],
+    gateway: tuple[str, Recorder],
+    token_file: Path,
+) -> None:
+    url, recorder = gateway
+    command = ["cancel", "--run", "r1", "--reason", "has space"]
+    options = ["--url", url, "--token-file", str(token_file), "--output", "json"]
+    args = [*options, *command] if position == "before" else [*command, *options]
+    code, out, err = run_cli(args, capsys)
+    assert (code, out) == (1, "")
+    document = json_refusal(err)
+    assert document["code"] == "coordinator.request.invalid"
+    assert "has space" not in err
+    assert recorder.requests == []
+
+
+def test_a_token_file_refusal_under_json_output_names_no_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gateway: tuple[str, Recorder]
+) -> None:
+    url, _ = gateway
+    path = tmp_path / "token"
+    path.write_text("s3cr3t-token-value\n")
+    path.chmod(0o644)
+    code, _, err = run_cli(
+        ["doctor", "--url", url, "--token-file", str(path), "--output", "json"], capsys
+    )
+    assert code == 1
+    assert json_refusal(err)["code"] == "coordinator.auth.token-file"
+    assert "s3cr3t" not in err
+
+
+# -- text tables -----------------------------------------------------------------------------
+
+
+def test_nested_lists_are_tables_and_values_are_shown_as_written(ctl: Ctl) -> None:
+    ctl.recorder.answer = (
+        200,
+        "application/json",
+        {
+            "activationReady": True,
+            "holds": [
+                {"kind": "execution", "reason": "[red]inc-1[/red]", "since": None},
+                {"kind": "admission", "reason": "inc-2", "since": "2026-12-01T10:00:00Z"},
+            ],
+        },
+    )
+    code, out, _ = ctl("doctor")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "activationReady: true"
+    assert lines[1] == "holds:"
+    assert lines[2].split() == ["kind", "reason", "since"]
+    assert lines[3].split() == ["execution", "[red]inc-1[/red]", "-"]
+    assert lines[4].split() == ["admission", "inc-2", "2026-12-01T10:00:00Z"]
+    assert all(line == line.rstrip() for line in lines)
+    # Columns line up: each value starts where its header does.
+    assert lines[3].index("[red]") == lines[2].index("reason") == lines[4].index("inc-2")
+
+
+def test_a_wide_table_is_never_wrapped(ctl: Ctl, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "40")
+    run = {
+        "runId": "r-" + "7" * 60,
+        "workflow": {"id": "approval-notice"},
+        "state": "running",
+        "attention": False,
+        "createdAt": "2026-12-01T10:00:00Z",
+    }
+    ctl.recorder.answer = (200, "application/json", {"runs": [run], "nextCursor": None})
+    code, out, _ = ctl("list")
+    assert code == 0
+    header, row, cursor = out.strip().splitlines()
+    assert header.split()[0] == "runId"
+    assert row.split()[0] == run["runId"]
+    assert cursor == "nextCursor: -"
