@@ -22,7 +22,9 @@ import grpc
 from admission.completions import CompletionWaker
 from admission.events import EventAdmitter
 from admission.start import Admitter, parse_input
+from core import logs
 from core.bindings import verify_live_bindings
+from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -91,6 +93,10 @@ class AdmissionService(pb_grpc.AdmissionServicer):
         return pb.MetricsText(text="")
 
 
+async def _no_series() -> str:
+    return ""
+
+
 async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
     """Open the store, verify the activation, serve Admission until cancelled."""
     store = Store(runtime, "admission")
@@ -103,10 +109,11 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
         if not runtime.recovery_only:
             await verify_live_bindings(store)
         await grpc_server.start()
-        log.info("admission serving")
+        logs.serving("admission", logs.internal_address(runtime.endpoints.address("admission")))
         if started is not None:
             started.set()
-        await grpc_server.wait_for_termination()
+        async with own_metrics(runtime, "admission", _no_series):
+            await grpc_server.wait_for_termination()
     finally:
         # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this
         # stop then raises CancelledError; the store must be closed all the same.

@@ -14,6 +14,9 @@ import logging
 import grpc
 
 from auditd.journal import AuditEntry, Journal
+from core import logs
+from core.metrics import gauge, render
+from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -69,13 +72,15 @@ class AuditService(pb_grpc.AuditServicer):
 
     @refusals
     async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
+        return pb.MetricsText(text=await self.metrics_text())
+
+    async def metrics_text(self) -> str:
+        """The journal's readiness gauge as exposition text."""
         ready = 1 if self.journal.ready else 0
-        text = (
-            "# HELP coordinator_audit_ready 1 when the audit journal accepts records.\n"
-            "# TYPE coordinator_audit_ready gauge\n"
-            f"coordinator_audit_ready {ready}\n"
+        audit_ready = gauge(
+            "coordinator_audit_ready", "1 when the audit journal accepts records.", [((), ready)]
         )
-        return pb.MetricsText(text=text)
+        return render([audit_ready])
 
 
 async def record_segment(store: Store, journal: Journal) -> None:
@@ -102,15 +107,18 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
     journal = await Journal.open(config.deployment.audit_file, key)
     store = Store(runtime, "audit")
     grpc_server = server(runtime.endpoints, "auditd")
-    pb_grpc.add_AuditServicer_to_server(AuditService(journal, store), grpc_server)
+    service = AuditService(journal, store)
+    pb_grpc.add_AuditServicer_to_server(service, grpc_server)
     try:
         await store.open()
         await store.verify()
         await record_segment(store, journal)
         await grpc_server.start()
+        logs.serving("auditd", logs.internal_address(runtime.endpoints.address("auditd")))
         if started is not None:
             started.set()
-        await grpc_server.wait_for_termination()
+        async with own_metrics(runtime, "auditd", service.metrics_text):
+            await grpc_server.wait_for_termination()
     except asyncio.CancelledError:
         raise
     finally:

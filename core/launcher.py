@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import uvloop
 
-from core import __version__
+from core import __version__, logs
 from core.codes import Code
 from core.errors import CoordinatorError
 
@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
         help="gateway, recovery and auditd only: admits nothing and never dispatches",
     )
     parser.add_argument("--component", choices=COMPONENTS, help="run one component")
+    parser.add_argument(
+        "--log-level",
+        choices=tuple(logs.LEVELS),
+        help="overrides deployment.logging.level of the runtime file (default: notice)",
+    )
     return parser
 
 
@@ -81,31 +86,40 @@ def _entry(component: str) -> Callable[..., Awaitable[None]]:
     return serve
 
 
-async def _run_component(component: str, path: Path, recovery_only: bool) -> None:
+async def _run_component(
+    component: str, path: Path, recovery_only: bool, log_level: str | None
+) -> None:
     from core.runtime import load_runtime
 
     runtime = load_runtime(path, recovery_only=recovery_only)
+    settings = runtime.config.deployment.logging
+    logs.configure(component, log_level or settings.level, settings.format)
     serve = _entry(component)
     task = asyncio.ensure_future(serve(runtime))
     loop = asyncio.get_running_loop()
+
+    def stop(signum: int) -> None:
+        logs.log.log(logs.NOTICE, "%s stopping (%s)", component, signal.Signals(signum).name)
+        task.cancel()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
+        loop.add_signal_handler(signum, stop, signum)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    logs.log.log(logs.NOTICE, "%s stopped", component)
 
 
-def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
+def run_component(
+    component: str, path: Path, recovery_only: bool, log_level: str | None = None
+) -> NoReturn:
     """Run one component until SIGTERM; startup refusals exit 1 with a raw code line."""
-    logging.basicConfig(level=logging.WARNING, format=f"{component}: %(levelname)s %(message)s")
-    # asyncpg's pool logs a warning with a traceback each time it fails to reconnect its
-    # floor of connections; while the database is away, the store's rate-limited
-    # store-unavailable line is the one report on standard error.
-    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
+    # Until the runtime file is read, its logging settings are not known.
+    logs.configure(component, log_level or logs.DEFAULT_LEVEL)
     try:
         # uvloop: the event loop, TLS and socket handling in C. Every component spends most
         # of its CPU in the loop and its TLS streams (PostgreSQL, gRPC peers, products).
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_run_component(component, path, recovery_only))
+            runner.run(_run_component(component, path, recovery_only, log_level))
     except CoordinatorError as error:
         _refuse(error)
     except Exception as error:
@@ -125,9 +139,10 @@ def run_component(component: str, path: Path, recovery_only: bool) -> NoReturn:
 class Supervisor:
     """Start the components as child processes and keep them together."""
 
-    def __init__(self, path: Path, recovery_only: bool) -> None:
+    def __init__(self, path: Path, recovery_only: bool, log_level: str | None = None) -> None:
         self.path = path
         self.recovery_only = recovery_only
+        self.log_level = log_level
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
 
@@ -136,6 +151,8 @@ class Supervisor:
         command += ["--component", component]
         if self.recovery_only:
             command.append("--recovery-only")
+        if self.log_level:
+            command += ["--log-level", self.log_level]
         return command
 
     def start(self) -> None:
@@ -204,14 +221,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _parser().error("--runtime-config FILE is required")
     path = Path(os.path.abspath(args.runtime_config))
     if args.component:
-        run_component(args.component, path, args.recovery_only)
+        run_component(args.component, path, args.recovery_only, args.log_level)
     # Verify once here so a refusal is one clear line rather than one per component; every
     # component still verifies for itself before it serves.
     try:
         asyncio.run(preflight(path, args.recovery_only))
     except CoordinatorError as error:
         _refuse(error)
-    sys.exit(Supervisor(path, args.recovery_only).run())
+    sys.exit(Supervisor(path, args.recovery_only, args.log_level).run())
 
 
 async def preflight(path: Path, recovery_only: bool) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 
+from core import logs
 from core.codes import Code
 from core.config.check import check_runtime_file
 from core.config.model import CheckedDeployment, RuntimeConfig
@@ -38,8 +39,13 @@ POOL_SIZES = {"admission": 6, "dispatcher": 14, "recovery": 6, "audit": 2}
 
 
 def raw(code: str, detail: str = "") -> None:
-    """One line on standard error that starts with a raw code (CONTRACT §15)."""
-    sys.stderr.write(f"{code}: {detail}\n" if detail else f"{code}\n")
+    """One line on standard error that starts with a raw code (CONTRACT §15); under the
+    JSON log format, one JSON record whose message starts with it."""
+    line = f"{code}: {detail}" if detail else code
+    if logs.json_format():
+        logs.log.warning("%s", line)
+        return
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 

@@ -261,7 +261,8 @@ def run(serve: bool) -> int:
         deploy(stack, stages)
 
         stages.say("Starting the coordinator: gateway, admission, dispatcher, recovery, auditd")
-        stack.start_coordinator()
+        # `make up` shows each step transition as it happens; the quickstart stays brief.
+        stack.start_coordinator(*(("--log-level", "info") if serve else ()))
         print(f"      {stack.url}/ready answers {httpx.get(stack.url + '/ready').text}")
         if serve:
             return serve_forever(stack, stages)
@@ -310,6 +311,8 @@ def serve_forever(stack: LocalStack, stages: Stages) -> int:
 """,
         flush=True,
     )
+    log_path = stack.logs / "coordinator.log"
+    print(f"      The coordinator's log ({shown(log_path)}) follows.\n", flush=True)
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:
@@ -318,11 +321,14 @@ def serve_forever(stack: LocalStack, stages: Stages) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    while not stopping:
-        if any(process.poll() is not None for process in stack.processes.values()):
-            print("make up: a process of the stack exited; stopping", file=sys.stderr)
-            return 1
-        time.sleep(0.5)
+    with open(log_path, errors="replace") as log:
+        while not stopping:
+            for line in log.readlines():
+                print(f"      | {line}", end="", flush=True)
+            if any(process.poll() is not None for process in stack.processes.values()):
+                print("make up: a process of the stack exited; stopping", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
     print("make up: stopping", flush=True)
     return 0
 

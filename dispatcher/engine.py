@@ -271,6 +271,14 @@ class Dispatcher:
                 self.progress.notify_all()
 
     async def _run_step(self, claimed: Claimed, flight: Flight) -> None:
+        log.info(
+            "run %s step %s: claimed (%s, %s, attempts so far %d)",
+            claimed.run_id,
+            claimed.step_id,
+            claimed.step_type,
+            claimed.state,
+            claimed.attempts,
+        )
         # The claim statement read the run and what a call of it needs: no read here.
         loaded = await load_claimed(claimed, self.store, self.settler.keyring, self.workflows)
         if loaded is None:

@@ -15,7 +15,9 @@ import os
 
 import grpc
 
+from core import logs
 from core.bindings import verify_live_bindings
+from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -57,35 +59,47 @@ async def serve(
     """Run the dispatcher until cancelled; ``started`` is set once it serves."""
     store = Store(runtime, "dispatcher")
     metrics = DispatchMetrics()
-    grpc_server = server(runtime.endpoints, "dispatcher")
-    pb_grpc.add_DispatcherServicer_to_server(DispatcherService(store, metrics), grpc_server)
+    # Without an internal address (replicas on a private network) nothing asks a dispatcher
+    # for its health over gRPC: it serves no gRPC, only its own metrics listener if set.
+    grpc_server = None
+    if "dispatcher" in runtime.endpoints.addresses:
+        grpc_server = server(runtime.endpoints, "dispatcher")
+        pb_grpc.add_DispatcherServicer_to_server(DispatcherService(store, metrics), grpc_server)
     http = product_client(os.environ)
+
+    async def series() -> str:
+        return metrics.render()
+
     try:
         await store.open()
         await store.verify()
         if not runtime.recovery_only:
             # Dispatching under settings a run in flight was not admitted with is refused.
             await verify_live_bindings(store)
-        await grpc_server.start()
-        if started is not None:
-            started.set()
-        if runtime.recovery_only:
-            # A recovery-only instance never dispatches (CONTRACT §2.1); it still answers
-            # health checks if started by hand.
-            await grpc_server.wait_for_termination()
-            return
-        dispatcher = Dispatcher.from_store(
-            store,
-            http,
-            settings=settings,
-            metrics=metrics,
-            # Read once here, never on the send path: only the kill -9 tests set it.
-            crash_points=crash_points_from(os.environ),
-        )
-        await dispatcher.run()
+        async with own_metrics(runtime, "dispatcher", series):
+            if grpc_server is not None:
+                await grpc_server.start()
+                address = runtime.endpoints.address("dispatcher")
+                logs.serving("dispatcher", logs.internal_address(address))
+            if started is not None:
+                started.set()
+            if runtime.recovery_only:
+                # A recovery-only instance never dispatches (CONTRACT §2.1); it still
+                # answers health checks if started by hand, until it is cancelled.
+                await asyncio.Event().wait()
+            dispatcher = Dispatcher.from_store(
+                store,
+                http,
+                settings=settings,
+                metrics=metrics,
+                # Read once here, never on the send path: only the kill -9 tests set it.
+                crash_points=crash_points_from(os.environ),
+            )
+            await dispatcher.run()
     finally:
         with contextlib.suppress(Exception):
-            await grpc_server.stop(grace=GRPC_STOP_GRACE_SECONDS)
+            if grpc_server is not None:
+                await grpc_server.stop(grace=GRPC_STOP_GRACE_SECONDS)
         with contextlib.suppress(Exception):
             await http.close()
         await store.close()

@@ -80,9 +80,12 @@ class Settler:
             )
             if row is None:
                 await self._report_lost(conn, claimed)
-                yield None
+                tx = None
             else:
-                yield Tx(conn, self.store, self.keyring, self.owner, claimed, row)
+                tx = Tx(conn, self.store, self.keyring, self.owner, claimed, row)
+            yield tx
+        if tx is not None:
+            tx.log_changes(log)
 
     async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
         """Say in one line why a lease could not be used; nothing is written either way."""
@@ -183,6 +186,8 @@ class Settler:
         if row is None:
             return False
         self.steps_done_inline += len(way.passed)
+        if log.isEnabledFor(logging.INFO):
+            _log_onward(claimed, state, way)
         return True
 
     async def fast_end_run(
@@ -205,7 +210,17 @@ class Settler:
                 None,
             )
         )
-        return row is not None
+        if row is None:
+            return False
+        log.info(
+            "run %s step %s: %s; the run %s (outcome %s)",
+            claimed.run_id,
+            claimed.step_id,
+            step_state,
+            run_state,
+            outcome,
+        )
+        return True
 
     async def prepare(
         self,
@@ -269,7 +284,10 @@ class Settler:
                 deadline_seconds,
             )
         )
-        return None if row is None else Prepared.from_row(row)
+        if row is None:
+            return None
+        log.info("run %s step %s: prepared", claimed.run_id, claimed.step_id)
+        return Prepared.from_row(row)
 
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""
@@ -281,6 +299,7 @@ class Settler:
                 self.owner,
                 delay,
             )
+        log.info("run %s step %s: nothing sent; ready again", claimed.run_id, claimed.step_id)
 
     async def token_refused(self, claimed: Claimed, *, delay: float, deadline_seconds: int) -> None:
         """The issuer refused the step's access token, so nothing was sent: the step is
@@ -297,6 +316,12 @@ class Settler:
                 delay,
                 deadline_seconds,
             )
+        log.info(
+            "run %s step %s: the access token was refused; ready again in %.0f s",
+            claimed.run_id,
+            claimed.step_id,
+            delay,
+        )
 
     async def record_token_refusal(self, connection: str, error: str) -> None:
         """Remember for doctor that the issuer refused ``connection``'s token with the OAuth
@@ -324,7 +349,10 @@ class Settler:
                 self.owner,
                 delay,
             )
-        return None if state is None else str(state)
+        if state is None:
+            return None
+        log.info("run %s step %s: released, now %s", claimed.run_id, claimed.step_id, state)
+        return str(state)
 
     async def renew(self, claimed: Claimed, seconds: float) -> bool:
         """Extend the lease; False when it is no longer ours."""
@@ -337,3 +365,12 @@ class Settler:
                 seconds,
             )
         return renewed is not None
+
+
+def _log_onward(claimed: Claimed, state: str, way: Onward) -> None:
+    passed = "".join(f"; {step_id} ({kind}) completed" for step_id, kind in way.passed)
+    if way.next_step is not None:
+        then = f"next step {way.next_step} is due"
+    else:
+        then = f"the run ended at its finish (outcome {way.outcome})"
+    log.info("run %s step %s: %s%s; %s", claimed.run_id, claimed.step_id, state, passed, then)

@@ -16,6 +16,7 @@ the same transaction ends the run ``cancelled``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -117,6 +118,17 @@ class Tx:
         """A cancel abandoned this step: record its outcome, continue nowhere."""
         self.execution_held = bool(row["execution_hold"])
         self.run_ended = bool(row["run_ended"])
+        self._changes: list[tuple[str, tuple[object, ...]]] = []
+
+    def _changed(self, what: str, *args: object) -> None:
+        """Note a transition for the info log, written once the transaction commits."""
+        self._changes.append((what, args))
+
+    def log_changes(self, log: logging.Logger) -> None:
+        """Log each transition this (committed) transaction wrote, at INFO."""
+        if self._changes and log.isEnabledFor(logging.INFO):
+            for what, args in self._changes:
+                log.info("run %s step %s: " + what, self._run_id, self._step_id, *args)
 
     @property
     def _run_id(self) -> str:
@@ -154,6 +166,7 @@ class Tx:
         await self._conn.execute(
             self._queries["dispatcher_step_end"], self._run_id, self._step_id, state, effect
         )
+        self._changed("ended %s", state)
         await self._after_abandoned()
 
     async def cancel(self) -> None:
@@ -172,6 +185,7 @@ class Tx:
         await self._conn.fetchrow(
             self._queries["dispatcher_run_end"], self._run_id, "cancelled", None, None, None, None
         )
+        self._changed("the cancelled run ended: nothing of it is live")
         self.run_ended = True
 
     async def next_step(self, workflow: Workflow, step_id: str) -> None:
@@ -184,6 +198,7 @@ class Tx:
         await self._conn.fetchrow(
             self._queries["dispatcher_step_insert"], self._run_id, step_id, self.seq + 1, kind
         )
+        self._changed("next step %s is due", step_id)
         await self._run_progress("running")
 
     async def advance(
@@ -209,6 +224,7 @@ class Tx:
             self.seq + 1,
             step_kind(workflow.step(next_step)),
         )
+        self._changed("%s; next step %s is due", state, next_step)
 
     async def end_run(
         self,
@@ -238,6 +254,7 @@ class Tx:
             None if failure is None else failure.kind,
             None if failure is None else failure.path,
         )
+        self._changed("%s; the run %s (outcome %s)", step_state, run_state, outcome)
 
     async def retry(self, delay: float) -> bool:
         """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
@@ -252,6 +269,7 @@ class Tx:
         await self._conn.fetchrow(
             self._queries["dispatcher_step_retry"], self._run_id, self._step_id, delay
         )
+        self._changed("ready again in %.0f s", delay)
         return True
 
     async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:
@@ -265,6 +283,7 @@ class Tx:
         await self._conn.execute(
             self._queries["dispatcher_step_wait"], self._run_id, self._step_id, due_at, timeout_at
         )
+        self._changed("waiting")
         await self._run_progress("waiting")
 
     async def _run_progress(self, state: str) -> None:
@@ -302,7 +321,10 @@ class Tx:
                 command_key,
                 deadline_seconds,
             )
-        return None if row is None else Prepared.from_row(row)
+        if row is None:
+            return None
+        self._changed("prepared")
+        return Prepared.from_row(row)
 
     async def uncertain(self, cause: str, cause_status: int | None = None) -> None:
         """The command may have been processed: the step waits for an operator, run held.
@@ -321,6 +343,7 @@ class Tx:
             cause,
             cause_status,
         )
+        self._changed("uncertain (%s); the run is held for an operator", cause)
         await self._conn.execute(self._queries["dispatcher_run_hold"], self._run_id)
         # The run keeps its attention (the step stays unknown), even once it is cancelled.
         await self._after_abandoned()
@@ -342,6 +365,7 @@ class Tx:
 
     async def mark_run_waiting(self) -> None:
         """The run is waiting (a step has just started waiting for a result)."""
+        self._changed("waiting for a result")
         await self._run_progress("waiting")
 
     async def count_last_check(self) -> None:

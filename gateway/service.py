@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import socket
 from collections.abc import Generator, Sequence
@@ -24,9 +23,10 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
+from core import logs
 from core.codes import Code
-from core.config.model import BindAddress
 from core.errors import CoordinatorError
+from core.listen import bind_socket
 from core.runtime import Runtime
 from gateway.app import create_app, create_metrics_app
 from gateway.auth import TokenVerifier, jwks_source_for
@@ -48,21 +48,6 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
-
-
-def bind_socket(bind: BindAddress) -> socket.socket:
-    """A listening TCP socket on ``bind``; failures are ``deployment.refused``."""
-    family = socket.AF_INET6 if ":" in bind.host else socket.AF_INET
-    host = "127.0.0.1" if bind.host == "localhost" else bind.host
-    try:
-        sock = socket.create_server((host, bind.port), family=family, backlog=1024)
-    except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, "error")
-        raise CoordinatorError(
-            Code.DEPLOYMENT_REFUSED, f"cannot listen on {bind} ({name})"
-        ) from None
-    sock.setblocking(False)
-    return sock
 
 
 def _config(app: ASGIApp) -> uvicorn.Config:
@@ -176,6 +161,9 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
         if len(sockets) > 1:
             listeners.append((create_metrics_app(ctx), sockets[1]))
         keys = asyncio.create_task(_fetch_keys(verifier, stopping), name="gateway-keys")
+        logs.serving("gateway", f"http://{deployment.listener.bind} (the API)")
+        if deployment.metrics_listener is not None:
+            logs.serving("gateway", f"http://{deployment.metrics_listener.bind} (metrics)")
         try:
             await serve_apps(listeners, stop)
         finally:

@@ -9,6 +9,7 @@ principal whose runs it may see, and the SQL never shows anything outside that s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -20,6 +21,7 @@ from core.bindings import run_conflicts
 from core.codes import Code
 from core.db.queries import Queries
 from core.errors import CoordinatorError
+from core.metrics import gauge, render
 from core.runs import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -264,12 +266,6 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
     }
 
 
-def _gauge(name: str, help_text: str, samples: Sequence[tuple[str, int | str]]) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-    lines.extend(f"{name}{labels} {value}" for labels, value in samples)
-    return lines
-
-
 async def metrics_text(store: Store) -> str:
     """Prometheus text of the store-wide gauges; no workflow, run or principal label.
 
@@ -286,35 +282,41 @@ async def metrics_text(store: Store) -> str:
     except CoordinatorError:
         row = None
         counts = {}
-    lines: list[str] = []
+    families = []
     if row is not None:
-        lines += _gauge(
-            "coordinator_runs",
-            "Runs by state.",
-            [(f'{{state="{state}"}}', counts.get(state, 0)) for state in RUN_STATES],
-        )
-        lines += _gauge(
-            "coordinator_uncertain_steps",
-            "Call steps whose effect is unknown.",
-            [("", int(row["uncertain"]))],
-        )
-        lines += _gauge(
-            "coordinator_holds",
-            "1 while the restore hold is set.",
-            [
-                ('{hold="execution"}', int(bool(row["execution_hold"]))),
-                ('{hold="admission"}', int(bool(row["admission_hold"]))),
-            ],
-        )
+        families += [
+            gauge(
+                "coordinator_runs",
+                "Runs by state.",
+                [((state,), counts.get(state, 0)) for state in RUN_STATES],
+                labels=("state",),
+            ),
+            gauge(
+                "coordinator_uncertain_steps",
+                "Call steps whose effect is unknown.",
+                [((), int(row["uncertain"]))],
+            ),
+            gauge(
+                "coordinator_holds",
+                "1 while the restore hold is set.",
+                [
+                    (("execution",), int(bool(row["execution_hold"]))),
+                    (("admission",), int(bool(row["admission_hold"]))),
+                ],
+                labels=("hold",),
+            ),
+        ]
     # Always exposed: NaN (unknown) while the database cannot be read, never a made-up 0.
-    lines += _gauge(
-        "coordinator_dispatch_jobs",
-        "Due steps no dispatcher has claimed yet.",
-        [("", int(row["due_jobs"]) if row is not None else "NaN")],
-    )
-    lines += _gauge(
-        "coordinator_store_available",
-        "1 while the database answers.",
-        [("", 1 if row is not None else 0)],
-    )
-    return "\n".join(lines) + "\n"
+    families += [
+        gauge(
+            "coordinator_dispatch_jobs",
+            "Due steps no dispatcher has claimed yet.",
+            [((), int(row["due_jobs"]) if row is not None else math.nan)],
+        ),
+        gauge(
+            "coordinator_store_available",
+            "1 while the database answers.",
+            [((), 1 if row is not None else 0)],
+        ),
+    ]
+    return render(families)

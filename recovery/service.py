@@ -18,9 +18,11 @@ from typing import Final
 
 import grpc
 
+from core import logs
 from core.bindings import verify_live_bindings
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.own_metrics import own_metrics
 from core.products.http import ProductHttp, keepalive_seconds
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
@@ -184,10 +186,11 @@ async def serve(
         # so that an operator can inspect the runs concerned.
         await verify_live_bindings(store, refuse=not runtime.recovery_only)
         await grpc_server.start()
-        log.info("recovery serving")
+        logs.serving("recovery", logs.internal_address(runtime.endpoints.address("recovery")))
         if started is not None:
             started.set()
-        await grpc_server.wait_for_termination()
+        async with own_metrics(runtime, "recovery", lambda: reads.metrics_text(store)):
+            await grpc_server.wait_for_termination()
     finally:
         # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this
         # stop then raises CancelledError; the store must be closed all the same.

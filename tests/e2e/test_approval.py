@@ -9,14 +9,17 @@ Casework → gateway → admission (gRPC) → the step's NOTIFY → dispatcher �
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -80,7 +83,8 @@ def approval(
     try:
         stack.start_products()
         asyncio.run(apply(check_runtime_file(stack.runtime_file), []))
-        stack.start_coordinator()
+        # The most talkative level, so the last test can look for values in everything.
+        stack.start_coordinator("--log-level", "debug")
         tokens = root / "tokens"
         tokens.mkdir(mode=0o700)
         yield Approval(
@@ -167,3 +171,53 @@ def test_a_signed_event_starts_one_run_and_is_audited_without_a_client(
     assert [r["outcome"] for r in events] == ["ok", "ok"]
     assert all(r["clientRef"] is None and r["principalRef"] for r in events)
     assert events[0]["principalRef"] == events[1]["principalRef"]
+
+
+TIMESTAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\w+) ([A-Z]+) ")
+
+
+def secret_forms(path: Path) -> set[str]:
+    """The ways a secret file's value could show up in a log line."""
+    data = path.read_bytes()
+    text = data.decode(errors="replace").strip()
+    forms = {data.hex(), base64.b64encode(data).decode().rstrip("=")}
+    forms.add(base64.urlsafe_b64encode(data).decode().rstrip("="))
+    if text.startswith("{"):
+        jwk = json.loads(text)
+        forms |= {str(jwk[member]) for member in ("d", "p", "q", "dp", "dq", "qi") if member in jwk}
+    elif "://" in text:
+        password = urlsplit(text).password
+        if password:
+            forms.add(password)
+    elif text.isprintable():
+        forms.add(text)
+    return {form for form in forms if len(form) >= 12}
+
+
+def test_the_logs_tell_what_happened_and_never_a_value(approval: Approval) -> None:
+    """Runs last in this module: every test above wrote into the same debug-level log."""
+    stack = approval.stack
+    lines = stack.log_text("coordinator").splitlines()
+    records = [match for line in lines if (match := TIMESTAMPED.match(line))]
+
+    serving = [match for match in records if " serving on " in match.string]
+    assert {match[1] for match in serving} == {
+        "gateway",
+        "admission",
+        "dispatcher",
+        "recovery",
+        "auditd",
+    }
+    assert any(" step await-decision: waiting" in line for line in lines)
+    assert any(" step send-approval: prepared" in line for line in lines)
+    assert any("the run ended at its finish (outcome approved)" in line for line in lines)
+    assert {match[2] for match in records} >= {"INFO", "NOTICE"}
+
+    secrets_dir = Path(stack.summary["secretsDir"])
+    values = {form for path in secrets_dir.iterdir() for form in secret_forms(path)}
+    values |= {approval.producer, approval.operator}
+    values |= {"APP-2041", "person-17", "APP-3003", "person-3"}
+    log = "\n".join(lines)
+    assert len(values) > 10
+    leaked = sorted(value[:6] + "…" for value in values if value in log)
+    assert leaked == []

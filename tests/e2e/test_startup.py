@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,7 +21,7 @@ from core.config.check import check_runtime_file
 from core.deploy import apply
 from core.workflow.package import build_package
 from devstack.postgres import DatabaseHandle
-from devstack.stack import LocalStack
+from devstack.stack import LocalStack, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 COORDINATOR = str(Path(sys.executable).with_name("coordinator"))
@@ -96,3 +100,37 @@ def test_a_wrong_key_size_refuses_without_showing_the_key(applied: LocalStack) -
     assert code != 0
     assert "short-key-material" not in "\n".join(lines)
     assert lines[-1].split(":")[0] in ("deployment.refused", "state-key-custody")
+
+
+def test_the_json_log_format_is_one_object_per_line(applied: LocalStack) -> None:
+    def json_info(document: dict[str, Any]) -> None:
+        deployment = document["deployment"]
+        assert isinstance(deployment, dict)
+        deployment["logging"] = {"level": "info", "format": "json"}
+
+    edit_runtime(applied, json_info)
+    log_file = applied.root / "json.log"
+    with open(log_file, "wb") as log:
+        process = subprocess.Popen(
+            [COORDINATOR, "--runtime-config", str(applied.runtime_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def serving() -> set[str]:
+            lines = log_file.read_text().splitlines()
+            records = [json.loads(line) for line in lines if line.startswith("{")]
+            return {r["component"] for r in records if " serving on " in r["message"]}
+
+        try:
+            wait_until(lambda: len(serving()) == 5, "five serving lines", process=process)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert serving() == {"gateway", "admission", "dispatcher", "recovery", "auditd"}
+    for record in records:
+        assert {"time", "level", "logger", "component", "message"} <= set(record)
+        assert datetime.fromisoformat(record["time"]).utcoffset() == timedelta(0)
+    assert {record["level"] for record in records} >= {"NOTICE"}

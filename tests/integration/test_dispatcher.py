@@ -55,7 +55,7 @@ def product_posts(kit: DispatchKit) -> list[dict[str, object]]:
 
 
 def accepted_calls(metrics: DispatchMetrics, result: str = "accepted") -> float:
-    return metrics.calls.get(metrics.call_labels("messaging", result))
+    return metrics.calls("messaging", result)
 
 
 async def test_a_call_workflow_runs_to_succeeded_woken_by_a_notification(
@@ -101,7 +101,7 @@ async def test_a_call_workflow_runs_to_succeeded_woken_by_a_notification(
     assert response["messageId"] == message_id
 
     assert accepted_calls(dispatcher.metrics) == 1
-    assert dispatcher.metrics.admission_to_dispatch.count() == 1
+    assert dispatcher.metrics.first_dispatches() == 1
     # The token asked for the connection's audience as its one resource.
     assert [claims["aud"] for claims in kit.issuer.issued] == [MESSAGING]
 

@@ -208,8 +208,8 @@ async def test_the_metrics_rpc_answers_the_dispatcher_series(kit: DispatchKit) -
     await dispatcher.drain()
     service = DispatcherService(dispatcher.store, dispatcher.metrics)
     text = (await service.Metrics(pb.Empty(), None)).text
-    assert 'coordinator_calls_total{connection_type="messaging",result="accepted"} 1\n' in text
-    assert "coordinator_admission_to_dispatch_seconds_count 1\n" in text
+    assert 'coordinator_calls_total{connection_type="messaging",result="accepted"} 1.0\n' in text
+    assert "coordinator_admission_to_dispatch_seconds_count 1.0\n" in text
     assert run_id not in text
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     label_names = set(re.findall(r'[{,]([a-z_]+)="', "\n".join(samples)))

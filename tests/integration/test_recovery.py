@@ -321,12 +321,12 @@ async def test_doctor_reports_audit_activation_and_mode(
     assert doc["mode"] == "recovery-only"
 
 
-def _samples(text: str) -> dict[str, str]:
-    found: dict[str, str] = {}
+def _samples(text: str) -> dict[str, float]:
+    found: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            found[name] = value
+            found[name] = float(value)
     return found
 
 
@@ -339,12 +339,12 @@ async def test_metrics_expose_store_gauges_without_identifying_labels(env: Serve
 
     expected_runs = {"running": 2, "waiting": 1, "held": 1}
     for state in RUN_STATES:
-        assert samples[f'coordinator_runs{{state="{state}"}}'] == str(expected_runs.get(state, 0))
-    assert samples["coordinator_uncertain_steps"] == "1"
-    assert samples["coordinator_dispatch_jobs"] == "1"
-    assert samples['coordinator_holds{hold="execution"}'] == "1"
-    assert samples['coordinator_holds{hold="admission"}'] == "0"
-    assert samples["coordinator_store_available"] == "1"
+        assert samples[f'coordinator_runs{{state="{state}"}}'] == expected_runs.get(state, 0)
+    assert samples["coordinator_uncertain_steps"] == 1
+    assert samples["coordinator_dispatch_jobs"] == 1
+    assert samples['coordinator_holds{hold="execution"}'] == 1
+    assert samples['coordinator_holds{hold="admission"}'] == 0
+    assert samples["coordinator_store_available"] == 1
     for forbidden in ("workflow", "run_id", "principal", WORKFLOW):
         assert forbidden not in text
     assert "# TYPE coordinator_dispatch_jobs gauge" in text
@@ -352,5 +352,5 @@ async def test_metrics_expose_store_gauges_without_identifying_labels(env: Serve
 
 async def test_dispatch_jobs_is_present_at_zero(env: Served) -> None:
     samples = _samples(await reads.metrics_text(env.store("recovery")))
-    assert samples["coordinator_dispatch_jobs"] == "0"
-    assert samples['coordinator_runs{state="running"}'] == "0"
+    assert samples["coordinator_dispatch_jobs"] == 0
+    assert samples['coordinator_runs{state="running"}'] == 0

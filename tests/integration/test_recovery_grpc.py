@@ -123,4 +123,4 @@ async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> 
     assert doctor["holds"] == {"execution": True, "admission": True}
     assert doctor["state"]["auditReady"] is False
     assert (health.store_ready, health.activation_ready, list(health.reasons)) == (True, True, [])
-    assert "coordinator_store_available 1" in metrics.text.splitlines()
+    assert "coordinator_store_available 1.0" in metrics.text.splitlines()

@@ -128,8 +128,8 @@ async def observed_holds(env: Served) -> tuple[dict[str, bool], dict[str, str]]:
 
 def gauge(execution: bool, admission: bool) -> dict[str, str]:
     return {
-        'coordinator_holds{hold="execution"}': str(int(execution)),
-        'coordinator_holds{hold="admission"}': str(int(admission)),
+        'coordinator_holds{hold="execution"}': str(float(execution)),
+        'coordinator_holds{hold="admission"}': str(float(admission)),
     }
 
 

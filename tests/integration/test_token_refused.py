@@ -107,12 +107,9 @@ async def test_a_refused_token_sends_nothing_and_holds_attention_until_a_token_c
     assert "effect" not in step and "causeStatus" not in step
     doctor = await reads.doctor(recovery, audit_ready=True, recovery_only=False)
     assert doctor["tokenRefusals"] == [{"connection": "notices", "error": error}]
-    refusals = dispatcher.metrics.token_refusals.get((("connection_type", "messaging"),))
-    assert refusals == 1
-    assert (
-        dispatcher.metrics.calls.get(dispatcher.metrics.call_labels("messaging", "accepted")) == 0
-    )
-    assert 'coordinator_token_refusals_total{connection_type="messaging"} 1' in (
+    assert dispatcher.metrics.token_refusals("messaging") == 1
+    assert dispatcher.metrics.calls("messaging", "accepted") == 0
+    assert 'coordinator_token_refusals_total{connection_type="messaging"} 1.0' in (
         dispatcher.metrics.render()
     )
 

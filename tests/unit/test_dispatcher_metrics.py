@@ -43,7 +43,7 @@ def test_calls_and_durations_are_counted() -> None:
     bucket = 'coordinator_call_duration_seconds_bucket{connection_type="messaging",le="%s"}'
     assert values[bucket % "0.025"] == 1
     assert values[bucket % "0.5"] == 2
-    assert values[bucket % "30"] == 2
+    assert values[bucket % "30.0"] == 2
     assert values[bucket % "+Inf"] == 3
     messaging_buckets = [n for n in values if n.startswith(bucket.split(",le=")[0])]
     assert len(messaging_buckets) == len(CALL_BUCKETS) + 1

@@ -115,29 +115,37 @@ def test_summary_without_auditd_is_not_audit_ready() -> None:
     assert readiness.reasons == ("audit-unavailable",)
 
 
-def test_counter_labels_are_escaped_and_sorted() -> None:
+def test_counter_labels_are_escaped_and_counted() -> None:
     metrics = HttpMetrics()
     metrics.observe("/b", 200)
     metrics.observe('/a"\\', 404)
     metrics.observe("/b", 200)
     lines = metrics.render().splitlines()[2:]
-    assert lines == [
-        'coordinator_http_requests_total{route="/a\\"\\\\",status="404"} 1',
-        'coordinator_http_requests_total{route="/b",status="200"} 2',
+    assert sorted(lines) == [
+        'coordinator_http_requests_total{route="/a\\"\\\\",status="404"} 1.0',
+        'coordinator_http_requests_total{route="/b",status="200"} 2.0',
     ]
+    assert (metrics.count("/b", 200), metrics.count("/b", 404)) == (2, 0)
 
 
 def test_merge_keeps_the_first_family_and_histogram_samples_together() -> None:
-    first = '# TYPE x_seconds histogram\nx_seconds_bucket{le="1"} 1\nx_seconds_sum 0.5\n'
+    first = (
+        '# TYPE x_seconds histogram\nx_seconds_bucket{le="1"} 1\nx_seconds_bucket{le="+Inf"} 1\n'
+        "x_seconds_sum 0.5\nx_seconds_count 1\n"
+    )
     second = (
         '# HELP x_seconds dup\n# TYPE x_seconds histogram\nx_seconds_bucket{le="1"} 9\n'
         "x_seconds_count 9\n# TYPE y gauge\ny 2\n# EOF\n"
     )
     merged = merge([first, second])
-    assert merged == (
-        '# TYPE x_seconds histogram\nx_seconds_bucket{le="1"} 1\nx_seconds_sum 0.5\n'
-        "# TYPE y gauge\ny 2\n"
-    )
+    assert family_declarations(merged) == ["x_seconds", "y"]
+    assert samples(merged) == {
+        'x_seconds_bucket{le="1"}': 1,
+        'x_seconds_bucket{le="+Inf"}': 1,
+        "x_seconds_sum": 0.5,
+        "x_seconds_count": 1,
+        "y": 2,
+    }
 
 
 def test_readiness_text_lists_each_component() -> None:

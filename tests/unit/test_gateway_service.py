@@ -16,11 +16,12 @@ import pytest
 
 from core.config.model import BindAddress
 from core.errors import CoordinatorError
+from core.listen import bind_socket
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import server
 from core.runtime import load_runtime
 from gateway.app import create_app, create_metrics_app
-from gateway.service import bind_socket, serve, serve_apps
+from gateway.service import serve, serve_apps
 from tests.helpers.gateway_kit import (
     RUN_A,
     FakeAudit,
@@ -58,7 +59,7 @@ async def test_serve_apps_runs_both_listeners_until_stopped() -> None:
     assert ready.status_code == 200 and ready.json() == {"ready": True}
     assert not_here.status_code == 404 and not_here.json()["code"] == "not-found"
     assert scraped.status_code == 200
-    assert 'coordinator_http_requests_total{route="/ready",status="200"} 1' in scraped.text
+    assert 'coordinator_http_requests_total{route="/ready",status="200"} 1.0' in scraped.text
     stop.set()
     await asyncio.wait_for(task, 15)
     assert main_sock.fileno() == -1  # closed
@@ -152,4 +153,4 @@ async def test_serve_runs_the_gateway_of_a_runtime_file(tmp_path: Path, sockets_
     assert ready.status_code == 503
     assert "admission-unavailable" in ready.json()["reasons"]
     assert missing.json()["instance"] == "https://coordinator.example.org/v1/runs/nope"
-    assert 'coordinator_component_up{component="recovery"} 1' in metrics.text
+    assert 'coordinator_component_up{component="recovery"} 1.0' in metrics.text

@@ -1,0 +1,29 @@
+"""Listening sockets on configured addresses, bound before any server starts.
+
+A busy or forbidden address becomes one clear ``deployment.refused`` instead of a server
+library leaving the process with its own message.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from core.codes import Code
+from core.config.model import BindAddress
+from core.errors import CoordinatorError
+
+
+def bind_socket(bind: BindAddress) -> socket.socket:
+    """A listening TCP socket on ``bind``; failures are ``deployment.refused``."""
+    family = socket.AF_INET6 if ":" in bind.host else socket.AF_INET
+    host = "127.0.0.1" if bind.host == "localhost" else bind.host
+    try:
+        sock = socket.create_server((host, bind.port), family=family, backlog=1024)
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, "error")
+        raise CoordinatorError(
+            Code.DEPLOYMENT_REFUSED, f"cannot listen on {bind} ({name})"
+        ) from None
+    sock.setblocking(False)
+    return sock

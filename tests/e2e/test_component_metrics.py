@@ -1,0 +1,135 @@
+"""Components on their own hosts (the compose shape): mutual TLS between them, each serving
+its own /metrics on deployment.internal.metricsPort, and a dispatcher with no internal
+address — as each of several replicas has — that serves no gRPC and still dispatches."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.config.check import check_runtime_file
+from core.deploy import apply
+from core.workflow.package import build_package
+from devstack.postgres import PostgresCluster
+from devstack.postgres_tls import CertificateAuthority
+from devstack.stack import LocalStack, free_port, wait_until
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every 127/8 address is this host's loopback: one host per component, as on a network.
+HOSTS = {"admission": "127.0.0.2", "recovery": "127.0.0.3", "auditd": "127.0.0.4"}
+
+
+@dataclass
+class Spread:
+    stack: LocalStack
+    metrics_port: int
+
+
+def write_secret(folder: Path, name: str, data: bytes) -> None:
+    path = folder / name
+    path.write_bytes(data)
+    path.chmod(0o600)
+
+
+@pytest.fixture(scope="module")
+def spread(
+    postgres_server: PostgresCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Spread]:
+    root = tmp_path_factory.mktemp("spread")
+    name = f"coordinator_spread_{os.getpid()}"
+    database = postgres_server.create_database(name)
+    built = build_package(ROOT / "examples" / "appointment-booking", root / "packages")
+    stack = LocalStack.prepare(
+        root / "stack", packages=[(built.path, built.digest)], database=database
+    )
+    authority = CertificateAuthority.create("internal channel CA")
+    certificate, key = authority.issue_server(("127.0.0.1", *HOSTS.values()), client_auth=True)
+    secrets = stack.runtime_file.parent / "secrets"
+    write_secret(secrets, "internal.crt", certificate)
+    write_secret(secrets, "internal.key", key)
+    write_secret(secrets, "internal-ca.pem", authority.pem)
+    metrics_port = free_port()
+    document: dict[str, Any] = yaml.safe_load(stack.runtime_file.read_text())
+    document["deployment"]["internal"] = {
+        # No dispatcher address: it is reached by nobody, like each of several replicas.
+        "addresses": {c: f"{host}:{free_port()}" for c, host in HOSTS.items()},
+        "tls": {
+            "certificateRef": "secret:file/internal.crt",
+            "privateKeyRef": "secret:file/internal.key",
+            "trustedRootCertificateRef": "secret:file/internal-ca.pem",
+        },
+        "metricsPort": metrics_port,
+    }
+    stack.runtime_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    try:
+        stack.start_products()
+        asyncio.run(apply(check_runtime_file(stack.runtime_file), []))
+        stack.start_coordinator()
+        yield Spread(stack, metrics_port)
+    finally:
+        stack.stop()
+        postgres_server.drop_database(name)
+
+
+def series(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    answer = httpx.get(url, timeout=5.0)
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def test_a_run_completes_and_every_component_shows_its_own_series(
+    spread: Spread, tmp_path: Path
+) -> None:
+    stack = spread.stack
+    token = stack.mint("producer", "alice", tmp_path / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": str(uuid.uuid4())}
+    body = {"input": {"slotRef": "s-1", "subjectRef": "APP-1", "recipientRef": "p-1"}}
+    answer = httpx.post(
+        f"{stack.url}/v1/workflows/appointment-booking/runs", json=body, headers=headers
+    )
+    assert answer.status_code == 201, answer.text
+    run_id = answer.json()["runId"]
+
+    def ended() -> bool:
+        state = httpx.get(f"{stack.url}/v1/runs/{run_id}", headers=headers).json()["state"]
+        return bool(state == "succeeded")
+
+    wait_until(ended, "the run", timeout=30.0)
+
+    port = spread.metrics_port
+    dispatcher = series(f"http://127.0.0.1:{port}/metrics")
+    accepted = dispatcher["coordinator_calls_total"]
+    assert sum(v for labels, v in accepted.items() if ("result", "accepted") in labels) >= 1
+    recovery = series(f"http://{HOSTS['recovery']}:{port}/metrics")
+    assert recovery["coordinator_runs"][(("state", "succeeded"),)] == 1
+    auditd = series(f"http://{HOSTS['auditd']}:{port}/metrics")
+    assert auditd["coordinator_audit_ready"][()] == 1
+    assert series(f"http://{HOSTS['admission']}:{port}/metrics") == {}
+
+    # The gateway's merged view has every component it can reach, and no dispatcher.
+    merged = series(f"{stack.metrics_url}/metrics")
+    assert merged["coordinator_runs"][(("state", "succeeded"),)] == 1
+    assert "coordinator_calls_total" not in merged
+    components = {dict(labels)["component"] for labels in merged["coordinator_component_up"]}
+    assert components == {"admission", "recovery", "auditd"}
+
+    log = stack.log_text("coordinator")
+    assert f"dispatcher serving on http://127.0.0.1:{port}/metrics" in log
+    assert "dispatcher serving on /" not in log  # no gRPC socket, no address
