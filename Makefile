@@ -9,7 +9,7 @@ PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres test quickstart up lint proto query-names bench soak clean restore-rehearsal
+.PHONY: help venv postgres systemd-analyze test quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
@@ -20,6 +20,8 @@ help:
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
 	@echo "make bench       benchmarks (not tests)"
 	@echo "make soak        10 minutes of steady runs among 1,000,000 waiting ones (not a test)"
+	@echo "make wheel       dist/registry_coordinator-<version>-py3-none-any.whl, the runtime packages"
+	@echo "make lock        rewrite deploy/requirements.lock: the runtime dependencies, pinned with hashes"
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -36,7 +38,22 @@ $(PG_STAMP): devstack/fetch_postgres.py | $(STAMP)
 
 postgres: $(PG_STAMP)
 
-test: $(STAMP) $(PG_STAMP)
+# tests/deploy checks the systemd units with `systemd-analyze verify`. Where it is missing,
+# root gets Debian's systemd package (only the tools: no service manager is started);
+# anyone else is told what to install.
+systemd-analyze:
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; \
+	  else \
+	    echo "make test needs systemd-analyze: install the systemd package as root" \
+	      "(Debian/Ubuntu: apt-get install --no-install-recommends systemd)" >&2; \
+	    exit 1; \
+	  fi; \
+	}
+
+test: $(STAMP) $(PG_STAMP) systemd-analyze
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 quickstart: $(STAMP) $(PG_STAMP)
@@ -66,6 +83,38 @@ proto: $(STAMP)
 # core/db/query_names.py (the typed query names) from core/db/queries/*.sql.
 query-names: $(STAMP)
 	$(BIN)/python scripts/gen_query_names.py
+
+# deploy/requirements.lock: every runtime dependency (pyproject's [project] dependencies and what they
+# pull in, not the dev extra), pinned, with the hash of every file the index holds for each pin,
+# so `pip install --require-hashes --no-deps -r deploy/requirements.lock` works on any Linux, x86_64 or
+# aarch64, with CPython 3.11 or later. The resolver (uv) lives in a throwaway environment and is
+# no dependency of the project. An existing lock's pins are kept where they still fit; move
+# them with `make lock LOCK_ARGS=--upgrade`.
+LOCK_TOOL := .cache/lock-tool
+UV_VERSION := 0.13.9
+LOCK_ARGS ?=
+
+lock:
+	rm -rf $(LOCK_TOOL)
+	$(PYTHON) -m venv $(LOCK_TOOL)
+	$(LOCK_TOOL)/bin/python -m pip install --quiet --disable-pip-version-check 'uv==$(UV_VERSION)'
+	UV_CACHE_DIR=$(LOCK_TOOL)/cache $(LOCK_TOOL)/bin/uv pip compile pyproject.toml \
+	  --universal --python-version 3.11 --generate-hashes \
+	  --custom-compile-command 'make lock' --quiet $(LOCK_ARGS) --output-file deploy/requirements.lock
+
+# The wheel of the one version in pyproject.toml, built by pip in an environment of its own
+# (no dev extra needed). build/ goes first: setuptools would otherwise pack files left there
+# by an earlier build, even of modules that no longer exist.
+WHEEL_TOOL := .cache/wheel-tool
+
+$(WHEEL_TOOL)/bin/python:
+	$(PYTHON) -m venv $(WHEEL_TOOL)
+
+wheel: | $(WHEEL_TOOL)/bin/python
+	rm -rf build
+	$(WHEEL_TOOL)/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps \
+	  --wheel-dir dist .
+	@ls -t dist/registry_coordinator-*-py3-none-any.whl | head -n 1
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
