@@ -28,7 +28,7 @@ import httpx
 
 from auditd.verify import verify_file
 from devstack.postgres import PostgresServer
-from devstack.stack import LocalStack, wait_until
+from devstack.stack import LocalStack, module_env, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tests run the quickstart into a scratch folder; users get var/quickstart/.
@@ -110,7 +110,7 @@ def casework(*args: str) -> str:
     """Run the Casework stand-in's own tool and echo what it printed, indented."""
     command = [sys.executable, "-m", CASEWORK_TOOL, *args]
     print(f"      $ python -m {CASEWORK_TOOL} {' '.join(args)}", flush=True)
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=module_env())
     show(result.stdout + result.stderr)
     if result.returncode != 0:
         raise SystemExit(f"quickstart: the command above failed (exit {result.returncode})")

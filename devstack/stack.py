@@ -38,6 +38,20 @@ READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 20.0
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def module_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child started with ``python -m devstack.…``.
+
+    devstack lives in the checkout, not in the installed wheel, so the checkout goes first
+    on the child's module path whatever folder the parent was started from.
+    """
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(CHECKOUT), env.get("PYTHONPATH"))))
+    return env
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -156,7 +170,7 @@ class LocalStack:
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env=module_env(env),
             start_new_session=True,
         )
 

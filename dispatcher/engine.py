@@ -122,7 +122,7 @@ class Dispatcher:
     @property
     def executed(self) -> int:
         """Steps this dispatcher finished working on (whatever the outcome), counting the
-        local steps a settling statement recorded (see :mod:`dispatcher.steps.local`)."""
+        local steps a settling statement recorded (see :mod:`dispatcher.onward`)."""
         return self._executed + self.settler.steps_done_inline
 
     @classmethod

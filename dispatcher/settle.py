@@ -33,7 +33,7 @@ from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
 from dispatcher.claim import Claimed
-from dispatcher.steps.local import Onward
+from dispatcher.onward import Onward
 from dispatcher.tx import Prepared, Tx, sealed_columns
 
 log = logging.getLogger("coordinator.dispatcher")

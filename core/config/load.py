@@ -20,15 +20,12 @@ from pathlib import Path
 
 from core import yamlsafe
 from core.config import reader as r
+from core.config.connections import check_name, read_connections
 from core.config.model import (
     ASSERTION_AUDIENCE_TOKEN_ENDPOINT,
-    CASEWORK,
     CLIENT_ASSERTION_AUDIENCES,
-    CONNECTION_TYPES,
     DEFAULT_ALGORITHMS,
-    DEFAULT_CALL_TIMEOUT_SECONDS,
     DEFAULT_CLOCK_SKEW_SECONDS,
-    DEFAULT_RESULT_CHECK_SECONDS,
     DEPLOYMENT_ACTIONS,
     INTERNAL_COMPONENTS,
     LOG_FORMATS,
@@ -38,9 +35,7 @@ from core.config.model import (
     TLS_TERMINATION,
     Authentication,
     BindAddress,
-    Completion,
     Connection,
-    ConnectionAuthorization,
     DatabaseSettings,
     Deployment,
     EventSource,
@@ -77,12 +72,6 @@ UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-
 ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 WORKFLOW_ID = re.compile(r"[a-z][a-z0-9-]{0,62}")
-NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")
-SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]{1,256}")
-URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[\x21-\x7e]+")
-
-_NAME_RULE = "a letter, then up to 63 letters, digits, _ or -"
 
 
 @dataclass
@@ -123,7 +112,7 @@ class Reading:
 
 
 @dataclass
-class _Context:
+class Context:
     problems: Problems
     loaded: Loaded
     base: Path
@@ -168,14 +157,14 @@ def parse_runtime(document: object, location: Path) -> RuntimeConfig:
 
 def read_runtime(document: object, location: Path, problems: Problems) -> Reading:
     """Judge a loaded runtime document, keeping every refusal in ``problems``."""
-    context = _Context(problems=problems, loaded=Loaded(), base=location.parent)
+    context = Context(problems=problems, loaded=Loaded(), base=location.parent)
     config = problems.attempt(_runtime, document, location, context)
     if config is FAILED and not problems:
         raise AssertionError("a reader gave up without reporting why")
     return Reading(config=config, loaded=context.loaded, problems=problems)
 
 
-def _runtime(document: object, location: Path, context: _Context) -> RuntimeConfig:
+def _runtime(document: object, location: Path, context: Context) -> RuntimeConfig:
     if document is None:
         raise ConfigInvalid("", "the runtime file is empty")
     top = r.mapping(
@@ -191,7 +180,7 @@ def _runtime(document: object, location: Path, context: _Context) -> RuntimeConf
     database = top.read("database", _database, context)
     event_sources = top.optional("eventSources", {}, _event_sources, context)
     deployment = top.read("deployment", _deployment, context)
-    connections = top.optional("connections", {}, _connections, context)
+    connections = top.optional("connections", {}, read_connections, context)
     return RuntimeConfig(
         path=location,
         namespace=need(namespace),
@@ -235,7 +224,7 @@ def _empty_block(value: object, path: str, problems: Problems) -> None:
     r.mapping(value, path, problems)
 
 
-def _database(value: object, path: str, context: _Context) -> DatabaseSettings:
+def _database(value: object, path: str, context: Context) -> DatabaseSettings:
     block = r.mapping(
         value,
         path,
@@ -256,7 +245,7 @@ def _database(value: object, path: str, context: _Context) -> DatabaseSettings:
     )
 
 
-def _event_sources(value: object, path: str, context: _Context) -> dict[str, EventSource]:
+def _event_sources(value: object, path: str, context: Context) -> dict[str, EventSource]:
     entries = r.named_entries(value, path)
     result: dict[str, Maybe[EventSource]] = {}
     first_by_source: dict[str, str] = {}
@@ -271,10 +260,10 @@ def _event_sources(value: object, path: str, context: _Context) -> dict[str, Eve
 
 
 def _event_source(
-    name: str, value: object, path: str, context: _Context, first_by_source: dict[str, str]
+    name: str, value: object, path: str, context: Context, first_by_source: dict[str, str]
 ) -> EventSource:
     problems = context.problems
-    problems.attempt(_name, name, path)
+    problems.attempt(check_name, name, path)
     block = r.mapping(value, path, problems, required=("source", "signingKeyRef", "workflow"))
     source = block.read("source", r.visible, max_len=2048)
     if source is not FAILED:
@@ -299,7 +288,7 @@ def _event_source(
     )
 
 
-def _deployment(value: object, path: str, context: _Context) -> Deployment:
+def _deployment(value: object, path: str, context: Context) -> Deployment:
     block = r.mapping(
         value,
         path,
@@ -383,7 +372,7 @@ def _one_of(value: object, path: str, choices: tuple[str, ...]) -> str:
     return text
 
 
-def _packages(value: object, path: str, context: _Context) -> tuple[PackagePin, ...]:
+def _packages(value: object, path: str, context: Context) -> tuple[PackagePin, ...]:
     entries = r.sequence(value, path, min_items=1, max_items=MAX_PACKAGES)
     pins = tuple(
         need_all(
@@ -395,7 +384,7 @@ def _packages(value: object, path: str, context: _Context) -> tuple[PackagePin, 
     return pins
 
 
-def _pin(value: object, path: str, context: _Context) -> PackagePin:
+def _pin(value: object, path: str, context: Context) -> PackagePin:
     block = r.mapping(value, path, context.problems, required=("root", "expectedDigest"))
     root = block.read("root", r.local_path, context.base)
     digest = block.read(
@@ -425,7 +414,7 @@ def _tls_termination(value: object, path: str) -> str:
 
 
 def _metrics_listener(
-    value: object, path: str, context: _Context, listener: Maybe[Listener]
+    value: object, path: str, context: Context, listener: Maybe[Listener]
 ) -> MetricsListener:
     block = r.mapping(value, path, context.problems, required=("bind",))
     bind = need(block.read("bind", r.bind))
@@ -438,7 +427,7 @@ def _same_socket(one: BindAddress, other: BindAddress) -> bool:
     return one.port == other.port and one.address == other.address
 
 
-def _internal(value: object, path: str, context: _Context) -> Internal:
+def _internal(value: object, path: str, context: Context) -> Internal:
     problems = context.problems
     block = r.mapping(
         value, path, problems, optional=("socketDir", "addresses", "tls", "metricsPort")
@@ -522,7 +511,7 @@ def _addresses(value: object, path: str, problems: Problems) -> dict[str, BindAd
     return dict(zip(addresses, need_all(addresses.values()), strict=True))
 
 
-def _internal_tls(value: object, path: str, context: _Context) -> InternalTls:
+def _internal_tls(value: object, path: str, context: Context) -> InternalTls:
     block = r.mapping(
         value,
         path,
@@ -539,7 +528,7 @@ def _internal_tls(value: object, path: str, context: _Context) -> InternalTls:
     )
 
 
-def _authentication(value: object, path: str, context: _Context) -> Authentication:
+def _authentication(value: object, path: str, context: Context) -> Authentication:
     block = r.mapping(
         value,
         path,
@@ -569,7 +558,7 @@ def _authentication(value: object, path: str, context: _Context) -> Authenticati
     )
 
 
-def _signing_keys(value: object, path: str, context: _Context) -> SigningKeys:
+def _signing_keys(value: object, path: str, context: Context) -> SigningKeys:
     block = r.mapping(value, path, context.problems, optional=("jwksUrl", "jwksRef"))
     exactly_one = ("jwksUrl" in block) != ("jwksRef" in block)
     if not exactly_one:
@@ -607,7 +596,7 @@ def _algorithm(value: object, path: str, earlier: list[Maybe[str]]) -> str:
     return name
 
 
-def _policies(value: object, path: str, context: _Context) -> dict[str, Policy]:
+def _policies(value: object, path: str, context: Context) -> dict[str, Policy]:
     entries = r.named_entries(value, path)
     result: dict[str, Maybe[Policy]] = {}
     for client_id, entry in entries.items():
@@ -620,7 +609,7 @@ def _policies(value: object, path: str, context: _Context) -> dict[str, Policy]:
     return dict(zip(result, need_all(result.values()), strict=True))
 
 
-def _policy(client_id: str, value: object, path: str, context: _Context) -> Policy:
+def _policy(client_id: str, value: object, path: str, context: Context) -> Policy:
     problems = context.problems
     block = r.mapping(
         value, path, problems, required=("actions",), optional=("operator", "workflows")
@@ -699,7 +688,7 @@ def _listed_workflow(value: object, path: str, earlier: list[Maybe[str]]) -> str
     return workflow
 
 
-def _state_keys(value: object, path: str, context: _Context) -> tuple[StateKey, ...]:
+def _state_keys(value: object, path: str, context: Context) -> tuple[StateKey, ...]:
     result: list[Maybe[StateKey]] = []
     for position, entry in enumerate(r.sequence(value, path, min_items=1)):
         result.append(
@@ -709,7 +698,7 @@ def _state_keys(value: object, path: str, context: _Context) -> tuple[StateKey, 
 
 
 def _state_key(
-    value: object, path: str, context: _Context, earlier: list[Maybe[StateKey]]
+    value: object, path: str, context: Context, earlier: list[Maybe[StateKey]]
 ) -> StateKey:
     block = r.mapping(value, path, context.problems, required=("version", "ref"))
     version = block.read("version", r.integer, low=1, high=2**31 - 1)
@@ -720,170 +709,6 @@ def _state_key(
         version = FAILED
     ref = block.read("ref", r.reference, context.providers)
     return StateKey(version=need(version), ref=need(ref))
-
-
-def _connections(value: object, path: str, context: _Context) -> dict[str, Connection]:
-    loaded = context.loaded
-    loaded.connections = None
-    entries = r.named_entries(value, path)
-    loaded.connections = {}
-    result: dict[str, Maybe[Connection]] = {}
-    bindings: dict[str, str] = {}
-    for name, entry in entries.items():
-        entry_path = key(path, name)
-        named = context.problems.attempt(_name, name, entry_path)
-        connection = context.problems.attempt(_connection, name, entry, entry_path, context)
-        if connection is FAILED:
-            loaded.unreadable_connections.add(name)
-            result[name] = FAILED
-            continue
-        loaded.connections[name] = connection
-        result[name] = FAILED if named is FAILED else connection
-        if connection.completion is not None:
-            binding = connection.completion.recipient_binding
-            if binding in bindings:
-                context.problems.add(
-                    ConfigInvalid(
-                        key(key(entry_path, "completion"), "recipientBinding"),
-                        f"the same binding as connections.{bindings[binding]}; "
-                        "bindings must be unique",
-                    )
-                )
-                result[name] = FAILED
-            else:
-                bindings[binding] = name
-    return dict(zip(result, need_all(result.values()), strict=True))
-
-
-_CASEWORK_ONLY = ("producer", "completion", "resultCheckSeconds")
-
-
-def _connection(name: str, value: object, path: str, context: _Context) -> Connection:
-    problems = context.problems
-    block = r.mapping(
-        value,
-        path,
-        problems,
-        required=("type", "baseUrl", "profile", "authorization"),
-        optional=(*_CASEWORK_ONLY, "callTimeoutSeconds", "trustedRootCertificateRef"),
-    )
-    kind = block.read("type", _connection_type)
-    producer: Maybe[str | None] = None
-    completion: Maybe[Completion | None] = None
-    result_check: Maybe[int | None] = None
-    # What a connection may and must hold depends on its type; with the type refused, the
-    # type-specific keys are not judged.
-    if kind is FAILED:
-        producer = FAILED
-    elif kind != CASEWORK:
-        for extra in _CASEWORK_ONLY:
-            if extra in block:
-                problems.add(
-                    ConfigInvalid(key(path, extra), f"only {CASEWORK} connections take {extra}")
-                )
-                producer = FAILED
-    else:
-        if "producer" not in block:
-            problems.add(
-                ConfigInvalid(key(path, "producer"), f"required for {CASEWORK} connections")
-            )
-        producer = block.read("producer", r.visible, max_len=128)
-        completion = block.optional("completion", None, _completion, context)
-        result_check = block.optional(
-            "resultCheckSeconds", DEFAULT_RESULT_CHECK_SECONDS, r.integer, low=60, high=86400
-        )
-    call_timeout = block.optional(
-        "callTimeoutSeconds", DEFAULT_CALL_TIMEOUT_SECONDS, r.integer, low=1, high=300
-    )
-    root_ref = block.optional("trustedRootCertificateRef", None, r.reference, context.providers)
-    base_url = block.read("baseUrl", r.url)
-    profile = block.read(
-        "profile",
-        r.string,
-        pattern=PROFILE,
-        expected="1 to 128 of A-Z a-z 0-9 . _ ~ - (not starting with . _ ~ -)",
-    )
-    authorization = block.read("authorization", _authorization, context)
-    return Connection(
-        name=name,
-        type=need(kind),
-        base_url=need(base_url),
-        profile=need(profile),
-        authorization=need(authorization),
-        producer=need(producer),
-        completion=need(completion),
-        result_check_seconds=need(result_check),
-        call_timeout_seconds=need(call_timeout),
-        trusted_root_certificate_ref=need(root_ref),
-    )
-
-
-def _connection_type(value: object, path: str) -> str:
-    kind = r.string(value, path, max_bytes=64)
-    if kind not in CONNECTION_TYPES:
-        raise ConfigInvalid(path, "must be one of " + ", ".join(CONNECTION_TYPES))
-    return kind
-
-
-def _authorization(value: object, path: str, context: _Context) -> ConnectionAuthorization:
-    block = r.mapping(
-        value,
-        path,
-        context.problems,
-        required=("clientId", "signingKeyRef", "scopes"),
-        optional=("audience",),
-    )
-    scopes = block.read("scopes", _scopes, context.problems)
-    audience = block.optional("audience", None, _token_audience)
-    client_id = block.read("clientId", r.visible, max_len=255)
-    signing_key = block.read("signingKeyRef", r.reference, context.providers)
-    return ConnectionAuthorization(
-        client_id=need(client_id),
-        signing_key_ref=need(signing_key),
-        scopes=need(scopes),
-        audience=need(audience),
-    )
-
-
-def _scopes(value: object, path: str, problems: Problems) -> tuple[str, ...]:
-    scopes: list[Maybe[str]] = []
-    for position, entry in enumerate(r.sequence(value, path, min_items=1)):
-        scopes.append(problems.attempt(_scope, entry, index(path, position), scopes))
-    return tuple(need_all(scopes))
-
-
-def _scope(value: object, path: str, earlier: list[Maybe[str]]) -> str:
-    scope = r.string(
-        value,
-        path,
-        pattern=SCOPE,
-        expected="an OAuth scope: 1 to 256 visible ASCII characters "
-        "without spaces, quotes or backslashes",
-    )
-    if scope in earlier:
-        raise ConfigInvalid(path, "listed twice")
-    return scope
-
-
-def _token_audience(value: object, path: str) -> str:
-    audience = r.string(value, path, pattern=URI_SCHEME, expected="an absolute URI", max_bytes=2048)
-    if "#" in audience:
-        raise ConfigInvalid(path, "must not have a fragment")
-    return audience
-
-
-def _completion(value: object, path: str, context: _Context) -> Completion:
-    block = r.mapping(
-        value, path, context.problems, required=("recipientBinding", "bearerTokenRef")
-    )
-    binding = block.read("recipientBinding", r.visible, max_len=256)
-    token = block.read("bearerTokenRef", r.reference, context.providers)
-    return Completion(recipient_binding=need(binding), bearer_token_ref=need(token))
-
-
-def _name(name: str, path: str) -> None:
-    if not NAME.fullmatch(name):
-        raise ConfigInvalid(path, f"a name must be {_NAME_RULE}")
 
 
 def _workflow_id(value: object, path: str) -> str:

@@ -64,6 +64,7 @@ from dispatcher.classify import (
     retry_delay,
 )
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
+from dispatcher.onward import onward
 from dispatcher.run_view import Loaded, RunView
 from dispatcher.steps.base import (
     SENDING,
@@ -74,7 +75,6 @@ from dispatcher.steps.base import (
     access_token,
     call_token,
 )
-from dispatcher.steps.local import onward
 from dispatcher.tx import Failure, Tx
 
 log = logging.getLogger("coordinator.dispatcher")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from core.workflow.model import ChooseStep
 from dispatcher.claim import Claimed
+from dispatcher.onward import onward, pick
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
-from dispatcher.steps.local import onward, pick
 from dispatcher.tx import Tx
 
 

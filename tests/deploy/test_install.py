@@ -32,11 +32,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import core
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
-VERSION: str = PYPROJECT["project"]["version"]
+VERSION: str = core.__version__  # pyproject reads its version from here
 RUNTIME_PACKAGES = tuple(
     pattern.removesuffix("*")
     for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -593,7 +594,7 @@ def test_the_wheel_holds_the_runtime_packages_and_their_sql(installation: Instal
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_both_scripts_print_the_version_of_pyproject(installation: Installation) -> None:
+def test_both_scripts_print_the_one_source_version(installation: Installation) -> None:
     for script in ("coordinatorctl", "coordinator"):
         result = _checked(
             installation.run(str(installation.venv / "bin" / script), "--version"), script

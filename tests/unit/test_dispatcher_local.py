@@ -1,4 +1,4 @@
-"""The local steps a settled step leads through (dispatcher.steps.local): what a settle
+"""The local steps a settled step leads through (dispatcher.onward): what a settle
 records besides its own step, decided from the run's values alone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from core.workflow.expr import Scope
 from core.workflow.parse import parse_source
-from dispatcher.steps.local import MAX_LOCAL_STEPS, onward
+from dispatcher.onward import MAX_LOCAL_STEPS, onward
 from tests.helpers import dispatching
 
 
