@@ -31,8 +31,9 @@ from core.clock import timestamp
 from core.codes import Code
 from core.db.queries import Queries
 from core.errors import CoordinatorError
+from core.states import RunState
 
-RUN_STATES: Final = ("running", "waiting", "held", "succeeded", "failed", "cancelled")
+RUN_STATES: Final = tuple(RunState)
 """Every state a run can be in (the status document's ``state``)."""
 
 DEFAULT_LIST_LIMIT: Final = 20

@@ -35,6 +35,7 @@ from core.products.calls import ConnectionCalls
 from core.products.http import Exchanger, ProductHttp, keepalive_seconds
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
+from core.states import StepState
 from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
 from core.workflow.stored import WorkflowCache
 from dispatcher.claim import Claimed, Claimer, Listener
@@ -285,7 +286,7 @@ class Dispatcher:
             await self.settler.release(claimed)
             return
         run = loaded.run
-        if run.abandons(claimed.seq) and claimed.state != "prepared":
+        if run.abandons(claimed.seq) and claimed.state != StepState.PREPARED:
             # (A prepared command may have left: the call executor makes it uncertain.)
             settled, cancelled = await self.settler.settle(claimed, _cancel_abandoned)
             if not settled or cancelled:

@@ -32,6 +32,7 @@ from core.crypto import Keyring
 from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
+from core.states import StepState
 from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 from dispatcher.tx import Prepared, Tx, sealed_columns
@@ -152,7 +153,7 @@ class Settler:
         claimed: Claimed,
         way: Onward,
         *,
-        state: str = "completed",
+        state: str = StepState.COMPLETED,
         effect: str | None = None,
         keep: dict[str, Any] | None = None,
     ) -> bool:

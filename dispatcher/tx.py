@@ -27,6 +27,7 @@ import asyncpg
 from core.crypto import Keyring
 from core.payloads import seal_json
 from core.runtime import Store
+from core.states import RunState, StepState
 from core.workflow.model import Workflow, step_kind
 from dispatcher.claim import Claimed
 
@@ -171,7 +172,7 @@ class Tx:
 
     async def cancel(self) -> None:
         """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
-        await self.end_step("cancelled")
+        await self.end_step(StepState.CANCELLED)
 
     async def _after_abandoned(self) -> None:
         """End a run cancelled without an onCancel path once no step of it is live."""
@@ -183,7 +184,13 @@ class Tx:
         if live:
             return
         await self._conn.fetchrow(
-            self._queries["dispatcher_run_end"], self._run_id, "cancelled", None, None, None, None
+            self._queries["dispatcher_run_end"],
+            self._run_id,
+            RunState.CANCELLED,
+            None,
+            None,
+            None,
+            None,
         )
         self._changed("the cancelled run ended: nothing of it is live")
         self.run_ended = True
@@ -199,14 +206,14 @@ class Tx:
             self._queries["dispatcher_step_insert"], self._run_id, step_id, self.seq + 1, kind
         )
         self._changed("next step %s is due", step_id)
-        await self._run_progress("running")
+        await self._run_progress(RunState.RUNNING)
 
     async def advance(
         self,
         workflow: Workflow,
         next_step: str,
         *,
-        state: str = "completed",
+        state: str = StepState.COMPLETED,
         effect: str | None = None,
     ) -> None:
         """End this step and continue at ``next_step``."""
@@ -283,8 +290,8 @@ class Tx:
         await self._conn.execute(
             self._queries["dispatcher_step_wait"], self._run_id, self._step_id, due_at, timeout_at
         )
-        self._changed("waiting")
-        await self._run_progress("waiting")
+        self._changed(StepState.WAITING)
+        await self._run_progress(RunState.WAITING)
 
     async def _run_progress(self, state: str) -> None:
         await self._conn.execute(self._queries["dispatcher_run_progress"], self._run_id, state)
@@ -323,7 +330,7 @@ class Tx:
             )
         if row is None:
             return None
-        self._changed("prepared")
+        self._changed(StepState.PREPARED)
         return Prepared.from_row(row)
 
     async def uncertain(self, cause: str, cause_status: int | None = None) -> None:
@@ -366,7 +373,7 @@ class Tx:
     async def mark_run_waiting(self) -> None:
         """The run is waiting (a step has just started waiting for a result)."""
         self._changed("waiting for a result")
-        await self._run_progress("waiting")
+        await self._run_progress(RunState.WAITING)
 
     async def count_last_check(self) -> None:
         """Count the read that ends the wait; no further check is planned."""

@@ -35,6 +35,7 @@ from core.runs import (
     read_run,
 )
 from core.runtime import Store
+from core.states import RunState
 
 OPERATOR_ACTIONS_SHOWN: Final = 10
 
@@ -215,7 +216,7 @@ async def run_counts(conn: asyncpg.Connection, q: Queries) -> dict[str, int]:
     doctor and the metrics cost the same at a million runs as at ten."""
     row = await conn.fetchrow(q["recovery_run_state_counts"], COUNTED_EXACTLY + 1)
     assert row is not None
-    counts = {state: int(row[state]) for state in RUN_STATES}
+    counts: dict[str, int] = {state: int(row[state]) for state in RUN_STATES}
     over = [state for state, count in counts.items() if count > COUNTED_EXACTLY]
     if over:
         estimates = await conn.fetchrow(q["recovery_run_state_estimates"])
@@ -255,9 +256,9 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
             "auditReady": audit_ready,
             "storeReady": store.available,
             "uncertain": int(row["uncertain"]),
-            "held": runs["held"],
+            "held": runs[RunState.HELD],
             "dueJobs": int(row["due_jobs"]),
-            "waiting": runs["waiting"],
+            "waiting": runs[RunState.WAITING],
             "stateKeyVersionsInUse": versions,
         },
         # The connection's name and the issuer's error code only (§8.6).

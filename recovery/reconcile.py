@@ -41,6 +41,7 @@ from core.codes import Code
 from core.errors import CoordinatorError
 from core.payloads import build_scope, seal_json
 from core.products.receipts import EXPIRED, FOUND, UNAVAILABLE, Receipt, read_receipt, receipt_url
+from core.states import Effect, RunState, StepState
 from core.workflow.catalogue import connection_type
 from core.workflow.mapping import map_output
 from core.workflow.model import step_kind
@@ -197,12 +198,14 @@ async def _accepted(
     )
     mapped = map_output(call.operation, call.definition.output, scope, receipt)
     if not mapped.ok:
-        await conn.execute(queries["recovery_step_end"], run_id, step_id, "failed", "accepted")
+        await conn.execute(
+            queries["recovery_step_end"], run_id, step_id, StepState.FAILED, Effect.ACCEPTED
+        )
         if leads_on:
             await conn.fetchval(
                 queries["recovery_run_end"],
                 run_id,
-                "failed",
+                RunState.FAILED,
                 "mapping-invalid",
                 mapped.failure_path,
                 step_id,
@@ -211,7 +214,9 @@ async def _accepted(
             await _settled_aside(conn, env, run_id)
         return "mapping-invalid"
     await _keep(conn, env, run_id, step_id, "output", mapped.value)
-    await conn.execute(queries["recovery_step_end"], run_id, step_id, "completed", "accepted")
+    await conn.execute(
+        queries["recovery_step_end"], run_id, step_id, StepState.COMPLETED, Effect.ACCEPTED
+    )
     if leads_on:
         following = call.definition.next
         await conn.fetchval(
@@ -236,6 +241,6 @@ async def _not_sent(
         await conn.execute(queries["recovery_run_attention"], run_id)
     else:
         # A cancel would have ended a not-sent step; no one is to resend it now.
-        await conn.execute(queries["recovery_step_end"], run_id, step_id, "cancelled", None)
+        await conn.execute(queries["recovery_step_end"], run_id, step_id, StepState.CANCELLED, None)
         await _settled_aside(conn, env, run_id)
     return "not-sent"

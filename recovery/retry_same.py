@@ -35,6 +35,7 @@ import asyncpg
 
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.states import StepState
 from core.workflow.catalogue import DAY, connection_type
 from recovery.env import RecoveryEnv
 from recovery.targets import (
@@ -57,12 +58,12 @@ POLL_SECONDS: Final = 0.05
 _POLLS: Final = int(WAIT_SECONDS / POLL_SECONDS)
 
 # The step states that are the dispatcher's verdict on the resent command.
-_VERDICTS: Final = {
-    "completed": "accepted",
-    "refused": "refused",
-    "uncertain": "uncertain",
-    "failed": "failed",
-    "cancelled": "cancelled",
+_VERDICTS: Final[dict[str, str]] = {
+    StepState.COMPLETED: "accepted",
+    StepState.REFUSED: "refused",
+    StepState.UNCERTAIN: "uncertain",
+    StepState.FAILED: "failed",
+    StepState.CANCELLED: "cancelled",
 }
 
 
@@ -150,7 +151,7 @@ def _judge(row: asyncpg.Record | None, attempts: int) -> str | None:
     verdict = _VERDICTS.get(state)
     if verdict is not None:
         return verdict
-    if state == "ready" and int(row["attempts"]) > attempts:
+    if state == StepState.READY and int(row["attempts"]) > attempts:
         # Sent, answered "not processed, try later": due again after a backoff.
         return "retrying"
     return None

@@ -25,14 +25,15 @@ from core.derive import command_key
 from core.errors import CoordinatorError
 from core.payloads import transaction
 from core.runs import read_run
+from core.states import StepState
 from core.workflow.catalogue import Operation, operation
 from core.workflow.model import CallStep, Workflow
 from recovery.env import RecoveryEnv
 
 T = TypeVar("T")
 
-UNCERTAIN: Final = ("uncertain",)
-RESENDABLE: Final = ("uncertain", "not-sent")
+UNCERTAIN: Final = (StepState.UNCERTAIN,)
+RESENDABLE: Final = (StepState.UNCERTAIN, StepState.NOT_SENT)
 
 # A run action's transaction can lose a deadlock against a dispatcher settling a step of
 # the same run (the dispatcher locks step then run; cancel locks run then steps). Nothing

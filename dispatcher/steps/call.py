@@ -46,6 +46,7 @@ from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
+from core.states import Effect, RunState, StepState
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
@@ -82,7 +83,7 @@ log = logging.getLogger("coordinator.dispatcher")
 
 async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
     async def fail(tx: Tx) -> None:
-        await tx.end_run(step_state="failed", run_state="failed", failure=failure)
+        await tx.end_run(step_state=StepState.FAILED, run_state=RunState.FAILED, failure=failure)
 
     await env.settler.settle(claimed, fail)
 
@@ -151,7 +152,7 @@ async def execute(
     inputs: CallInputs,
 ) -> None:
     """Work on a claimed call step; see the module docstring for the order of things."""
-    if claimed.state == "prepared":
+    if claimed.state == StepState.PREPARED:
         # Claimed with a prepared command and no record of its sending: whoever prepared
         # it may have sent it. Only an operator can settle that.
         async def hold(tx: Tx) -> None:
@@ -296,7 +297,7 @@ async def _record(
         if await env.settler.fast_advance(
             claimed,
             onward(run.workflow, scope, step.next),
-            effect="accepted",
+            effect=Effect.ACCEPTED,
             keep={"response": response, "output": mapped.value},
         ):
             return
@@ -306,14 +307,14 @@ async def _record(
         if not mapped.ok:
             await tx.keep("response", response)
             await tx.end_run(
-                step_state="failed",
-                run_state="failed",
-                effect="accepted",
+                step_state=StepState.FAILED,
+                run_state=RunState.FAILED,
+                effect=Effect.ACCEPTED,
                 failure=Failure("mapping-invalid", mapped.failure_path),
             )
             return
         await tx.keep_all({"response": response, "output": mapped.value})
-        await tx.advance(run.workflow, step.next, effect="accepted")
+        await tx.advance(run.workflow, step.next, effect=Effect.ACCEPTED)
 
     async def retryable(tx: Tx) -> None:
         # (An abandoned step is not retried: tx.retry ends it cancelled.)
@@ -325,14 +326,18 @@ async def _record(
         )
         if not await tx.retry(delay):
             await tx.end_run(
-                step_state="failed", run_state="failed", failure=Failure("deadline-exceeded")
+                step_state=StepState.FAILED,
+                run_state=RunState.FAILED,
+                failure=Failure("deadline-exceeded"),
             )
 
     async def refused(tx: Tx) -> None:
         if step.on_refused is not None:
-            await tx.advance(run.workflow, step.on_refused, state="refused")
+            await tx.advance(run.workflow, step.on_refused, state=StepState.REFUSED)
         else:
-            await tx.end_run(step_state="refused", run_state="failed", failure=Failure("refused"))
+            await tx.end_run(
+                step_state=StepState.REFUSED, run_state=RunState.FAILED, failure=Failure("refused")
+            )
 
     async def uncertain(tx: Tx) -> None:
         await tx.uncertain(result.cause or UNREADABLE_ANSWER, result.cause_status)
@@ -340,7 +345,9 @@ async def _record(
     async def unsendable(tx: Tx) -> None:
         # Refused here before a byte was written: never sent, and it never could be.
         await tx.end_run(
-            step_state="failed", run_state="failed", failure=Failure("invalid-command", "")
+            step_state=StepState.FAILED,
+            run_state=RunState.FAILED,
+            failure=Failure("invalid-command", ""),
         )
 
     action = {

@@ -7,6 +7,7 @@ onCancel path ends the run cancelled with its outcome.
 
 from __future__ import annotations
 
+from core.states import RunState, StepState
 from core.workflow.model import FinishStep
 from dispatcher.claim import Claimed
 from dispatcher.run_view import RunView
@@ -19,7 +20,7 @@ async def execute(
 ) -> None:
     """End the run (succeeded; cancelled when a cancel path led here) with the outcome."""
     if await env.settler.fast_end_run(
-        claimed, step_state="completed", run_state="succeeded", outcome=step.outcome
+        claimed, step_state=StepState.COMPLETED, run_state=RunState.SUCCEEDED, outcome=step.outcome
     ):
         return  # the common case, in one statement
 
@@ -27,6 +28,8 @@ async def execute(
         if tx.abandoned:
             await tx.cancel()
             return
-        await tx.end_run(step_state="completed", run_state="succeeded", outcome=step.outcome)
+        await tx.end_run(
+            step_state=StepState.COMPLETED, run_state=RunState.SUCCEEDED, outcome=step.outcome
+        )
 
     await env.settler.settle(claimed, finish)

@@ -54,6 +54,7 @@ from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
 from core.products.http import ExchangeFailure
+from core.states import RunState, StepState
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
@@ -219,13 +220,15 @@ async def execute(
             if tx.abandoned:
                 await tx.cancel()
                 return
-            await tx.end_run(step_state="failed", run_state="failed", failure=failure)
+            await tx.end_run(
+                step_state=StepState.FAILED, run_state=RunState.FAILED, failure=failure
+            )
 
         await env.settler.settle(claimed, fail)
         return
 
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
-    entering = claimed.state == "ready"
+    entering = claimed.state == StepState.READY
 
     async def plan(tx: Tx) -> bool:
         if tx.abandoned:

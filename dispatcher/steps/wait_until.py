@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from core import clock
+from core.states import RunState, StepState
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitUntilStep
 from core.workflow.schema import is_rfc3339
@@ -47,7 +48,7 @@ async def execute(
         if tx.abandoned:
             await tx.cancel()
             return
-        if claimed.state == "waiting":
+        if claimed.state == StepState.WAITING:
             # Claimed because the stored instant has come.
             await tx.advance(run.workflow, step.next)
             return
@@ -59,8 +60,8 @@ async def execute(
             # The workflow was checked offline, but an input can still carry a value
             # that is no instant; the failure names the step's field, never the value.
             await tx.end_run(
-                step_state="failed",
-                run_state="failed",
+                step_state=StepState.FAILED,
+                run_state=RunState.FAILED,
                 failure=Failure("mapping-invalid", AT_POINTER),
             )
             return

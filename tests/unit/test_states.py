@@ -1,0 +1,43 @@
+"""The state types name exactly what the schema allows (core.states against schema.sql)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+
+import pytest
+
+from core.runs import RUN_STATES
+from core.states import ENDED_RUN_STATES, Effect, RunState, StepState
+
+SCHEMA = (Path(__file__).resolve().parents[2] / "core" / "db" / "schema.sql").read_text()
+
+
+def allowed(table: str, column: str) -> set[str]:
+    """The values of ``column``'s ``CHECK (column IN (...))`` in ``table``."""
+    body = re.search(rf"CREATE TABLE {{{{ns}}}}\.{table} \((.*?)\n\);", SCHEMA, re.DOTALL)
+    assert body, table
+    check = re.search(
+        rf"^\s+{column}\s+text[^,]*?CHECK \({column} IN \(([^)]*)\)\)", body[1], re.MULTILINE
+    )
+    assert check, (table, column)
+    return set(re.findall(r"'([a-z-]+)'", check[1]))
+
+
+@pytest.mark.parametrize(
+    ("kind", "table", "column"),
+    [(RunState, "run", "state"), (StepState, "step", "state"), (Effect, "step", "effect")],
+)
+def test_each_type_has_exactly_the_schemas_values(
+    kind: type[StrEnum], table: str, column: str
+) -> None:
+    assert {member.value for member in kind} == allowed(table, column)
+
+
+def test_run_states_and_ended_states() -> None:
+    assert tuple(RunState) == RUN_STATES
+    assert {state for state in RunState if state.ended} == ENDED_RUN_STATES
+    ended = re.search(r"CHECK \(\(state IN \(([^)]*)\)\) = \(ended_at IS NOT NULL\)\)", SCHEMA)
+    assert ended
+    assert set(re.findall(r"'([a-z]+)'", ended[1])) == {str(s) for s in ENDED_RUN_STATES}
