@@ -40,7 +40,7 @@ from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channe
 from core.runs import StartResult
 from core.secrets import SecretResolver
 from gateway import bodies
-from gateway.auditing import AuditUnavailable
+from gateway.auditing import FAILED, OK, AuditUnavailable, outcome_for
 from gateway.backend import AuditRecord, Backend, start_result
 from gateway.routes import GatewayContext
 
@@ -166,19 +166,29 @@ class CompletionHandler:
         if connection is None:
             log.info("a review completion was refused: its credentials match no connection")
             raise _refused()
-        review_id = review_id_of(await bodies.read_json_object(request))
-        if self.recovery_only:
-            # Nothing here wakes runs; Casework retries a 503 until the ordinary
-            # instance is back.
-            raise CoordinatorError(
-                Code.SERVICE_UNAVAILABLE, "this instance takes no completion events"
-            )
-        await self.wake(connection, review_id)
-        await audit(
-            ctx.backend,
-            AuditRecord(action=AUDIT_ACTION, outcome="ok", principal=None, client_id=None),
-        )
+        # Authenticated from here on: whatever happens next is one audited action (§12).
+        try:
+            review_id = review_id_of(await bodies.read_json_object(request))
+            if self.recovery_only:
+                # Nothing here wakes runs; Casework retries a 503 until the ordinary
+                # instance is back.
+                raise CoordinatorError(
+                    Code.SERVICE_UNAVAILABLE, "this instance takes no completion events"
+                )
+            await self.wake(connection, review_id)
+        except CoordinatorError as exc:
+            await audit(ctx.backend, _record(outcome_for(exc.code)))
+            raise
+        except Exception:
+            await audit(ctx.backend, _record(FAILED))
+            raise
+        await audit(ctx.backend, _record(OK))
         return Response(status_code=202)
+
+
+def _record(outcome: str) -> AuditRecord:
+    # A completion has no caller of the issuer's: no principal, no client.
+    return AuditRecord(action=AUDIT_ACTION, outcome=outcome, principal=None, client_id=None)
 
 
 class AdmissionProducers:

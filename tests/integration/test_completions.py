@@ -197,6 +197,9 @@ async def test_a_malformed_body_with_good_credentials_is_400(kit: ReviewKit) -> 
         assert response.status_code == 400, body
         assert response.json()["code"] == "request.invalid"
     assert kit.waker.calls == []
+    # Authenticated, so each refusal is an audited action all the same (CONTRACT §12).
+    outcomes = [(r.action, r.outcome, r.principal) for r in kit.audits.records]
+    assert outcomes == [("review-completion", "invalid", None)] * len(bodies)
 
 
 # ------------------------------------------------------------- through the real gRPC hop

@@ -227,6 +227,8 @@ async def test_a_recovery_only_instance_authenticates_then_refuses_to_admit() ->
     assert (completion.status_code, completion.json()["code"]) == (503, "service.unavailable")
     assert started == [] and woken == []
     audits = ctx.backend.records  # type: ignore[attr-defined]
+    # Both producers authenticated, so both refusals are audited actions (CONTRACT §12).
     assert [(r.action, r.outcome, r.principal) for r in audits] == [
-        ("event-start", "conflict", ("event-source", "urn:intake"))
+        ("event-start", "conflict", ("event-source", "urn:intake")),
+        ("review-completion", "unavailable", None),
     ]
