@@ -23,6 +23,7 @@ from core.workflow.package import build_package
 from devstack.postgres import PostgresCluster
 from devstack.postgres_tls import CertificateAuthority
 from devstack.stack import LocalStack, free_port, wait_until
+from tests.helpers.deployment import write_secret
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -35,12 +36,6 @@ HOSTS = {"admission": "127.0.0.2", "recovery": "127.0.0.3", "auditd": "127.0.0.4
 class Spread:
     stack: LocalStack
     metrics_port: int
-
-
-def write_secret(folder: Path, name: str, data: bytes) -> None:
-    path = folder / name
-    path.write_bytes(data)
-    path.chmod(0o600)
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,9 @@ from core.workflow.package import build_package
 from devstack.postgres import PostgresCluster
 from devstack.postgres_tls import CertificateAuthority
 from devstack.stack import LocalStack, free_port, wait_until
+from tests.helpers.deployment import write_secret
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_secret(folder: Path, name: str, data: bytes) -> None:
-    path = folder / name
-    path.write_bytes(data)
-    path.chmod(0o600)
 
 
 @pytest.fixture(scope="module")
