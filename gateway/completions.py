@@ -21,9 +21,10 @@ reference, never its content) and that connection accepts no event until it can.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
@@ -146,6 +147,21 @@ async def audit(backend: Backend, record: AuditRecord) -> None:
         raise AuditUnavailable() from None
 
 
+@contextlib.asynccontextmanager
+async def audited(backend: Backend, record: Callable[[str], AuditRecord]) -> AsyncIterator[None]:
+    """One audit record of a producer's authenticated action, whatever its outcome: ``ok``
+    when the block ends, else the refusal's outcome word (§12); appended before the answer."""
+    try:
+        yield
+    except CoordinatorError as exc:
+        await audit(backend, record(outcome_for(exc.code)))
+        raise
+    except Exception:
+        await audit(backend, record(FAILED))
+        raise
+    await audit(backend, record(OK))
+
+
 class CompletionHandler:
     """The route's handler (a :data:`gateway.routes.Hook`)."""
 
@@ -166,8 +182,8 @@ class CompletionHandler:
         if connection is None:
             log.info("a review completion was refused: its credentials match no connection")
             raise _refused()
-        # Authenticated from here on: whatever happens next is one audited action (§12).
-        try:
+        # Authenticated from here on: whatever happens next is one audited action.
+        async with audited(ctx.backend, _record):
             review_id = review_id_of(await bodies.read_json_object(request))
             if self.recovery_only:
                 # Nothing here wakes runs; Casework retries a 503 until the ordinary
@@ -176,13 +192,6 @@ class CompletionHandler:
                     Code.SERVICE_UNAVAILABLE, "this instance takes no completion events"
                 )
             await self.wake(connection, review_id)
-        except CoordinatorError as exc:
-            await audit(ctx.backend, _record(outcome_for(exc.code)))
-            raise
-        except Exception:
-            await audit(ctx.backend, _record(FAILED))
-            raise
-        await audit(ctx.backend, _record(OK))
         return Response(status_code=202)
 
 

@@ -40,9 +40,8 @@ from core.errors import CoordinatorError
 from core.runs import StartResult
 from core.secrets import SecretResolver
 from gateway import bodies
-from gateway.auditing import FAILED, OK, outcome_for
 from gateway.backend import AuditRecord
-from gateway.completions import audit
+from gateway.completions import audited
 from gateway.routes import GatewayContext
 
 log = logging.getLogger("coordinator.gateway")
@@ -215,19 +214,13 @@ class EventHandler:
             raise
         principal = (EVENT_ISSUER, source.source)
         run_id: str | None = None
-        try:
+        # The record names the run once admission has answered with it.
+        async with audited(ctx.backend, lambda outcome: self._record(outcome, principal, run_id)):
             event = event_of(document)
             if self.recovery_only:
                 raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
             result = await self.start(source.name, event.id, event.data_json)
             run_id = result.run_id
-        except CoordinatorError as exc:
-            await audit(ctx.backend, self._record(outcome_for(exc.code), principal, run_id))
-            raise
-        except Exception:
-            await audit(ctx.backend, self._record(FAILED, principal, run_id))
-            raise
-        await audit(ctx.backend, self._record(OK, principal, run_id))
         if result.created:
             return JSONResponse(
                 result.status, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}

@@ -10,20 +10,17 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.config.check import check_runtime_file
 from core.deploy import apply
 from core.workflow.package import build_package
 from devstack.postgres import PostgresCluster
-from devstack.postgres_tls import CertificateAuthority
 from devstack.stack import LocalStack, free_port, wait_until
-from tests.helpers.deployment import write_secret
+from tests.helpers.internal_tls import use_internal_tls
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -49,25 +46,10 @@ def spread(
     stack = LocalStack.prepare(
         root / "stack", packages=[(built.path, built.digest)], database=database
     )
-    authority = CertificateAuthority.create("internal channel CA")
-    certificate, key = authority.issue_server(("127.0.0.1", *HOSTS.values()), client_auth=True)
-    secrets = stack.runtime_file.parent / "secrets"
-    write_secret(secrets, "internal.crt", certificate)
-    write_secret(secrets, "internal.key", key)
-    write_secret(secrets, "internal-ca.pem", authority.pem)
     metrics_port = free_port()
-    document: dict[str, Any] = yaml.safe_load(stack.runtime_file.read_text())
-    document["deployment"]["internal"] = {
-        # No dispatcher address: it is reached by nobody, like each of several replicas.
-        "addresses": {c: f"{host}:{free_port()}" for c, host in HOSTS.items()},
-        "tls": {
-            "certificateRef": "secret:file/internal.crt",
-            "privateKeyRef": "secret:file/internal.key",
-            "trustedRootCertificateRef": "secret:file/internal-ca.pem",
-        },
-        "metricsPort": metrics_port,
-    }
-    stack.runtime_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    # No dispatcher address: it is reached by nobody, like each of several replicas.
+    addresses = {c: f"{host}:{free_port()}" for c, host in HOSTS.items()}
+    use_internal_tls(stack, addresses, metricsPort=metrics_port)
     try:
         stack.start_products()
         asyncio.run(apply(check_runtime_file(stack.runtime_file), []))

@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-import yaml
 
 from core.config.check import check_runtime_file
 from core.deploy import apply
@@ -22,7 +21,7 @@ from core.workflow.package import build_package
 from devstack.postgres import PostgresCluster
 from devstack.postgres_tls import CertificateAuthority
 from devstack.stack import LocalStack, free_port, wait_until
-from tests.helpers.deployment import write_secret
+from tests.helpers.internal_tls import use_internal_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,23 +37,8 @@ def mtls_stack(
     stack = LocalStack.prepare(
         root / "stack", packages=[(built.path, built.digest)], database=database
     )
-    authority = CertificateAuthority.create("internal channel CA")
-    certificate, key = authority.issue_server(("127.0.0.1",), client_auth=True)
-    secrets = stack.runtime_file.parent / "secrets"
-    write_secret(secrets, "internal.crt", certificate)
-    write_secret(secrets, "internal.key", key)
-    write_secret(secrets, "internal-ca.pem", authority.pem)
     ports = {c: free_port() for c in ("admission", "dispatcher", "recovery", "auditd")}
-    document: dict[str, Any] = yaml.safe_load(stack.runtime_file.read_text())
-    document["deployment"]["internal"] = {
-        "addresses": {c: f"127.0.0.1:{p}" for c, p in ports.items()},
-        "tls": {
-            "certificateRef": "secret:file/internal.crt",
-            "privateKeyRef": "secret:file/internal.key",
-            "trustedRootCertificateRef": "secret:file/internal-ca.pem",
-        },
-    }
-    stack.runtime_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    authority = use_internal_tls(stack, {c: f"127.0.0.1:{p}" for c, p in ports.items()})
     try:
         stack.start_products()
         asyncio.run(apply(check_runtime_file(stack.runtime_file), []))

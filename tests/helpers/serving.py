@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from core import deploy
+from core.config.model import CheckedDeployment
 from core.keys import resolver_for
 from core.rpc.transport import unix_endpoints
 from core.runtime import Runtime, Store
@@ -36,6 +37,19 @@ class Caller:
     sub: str = "alice"
     client_id: str = "intake-portal"
     operator: bool = False
+
+
+def socket_runtime(
+    checked: CheckedDeployment, sockets: Path, *, recovery_only: bool = False
+) -> Runtime:
+    """The :class:`Runtime` the launcher would build for ``checked``, with the components'
+    Unix sockets in ``sockets`` (short, since socket paths are limited to about 100 bytes)."""
+    return Runtime(
+        checked=checked,
+        resolver=resolver_for(checked.config),
+        endpoints=unix_endpoints(sockets),
+        recovery_only=recovery_only,
+    )
 
 
 @dataclass
@@ -88,12 +102,7 @@ async def served(
     checked = deployment.checked()
     await deploy.apply(checked, [])
     sockets = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
-    runtime = Runtime(
-        checked=checked,
-        resolver=resolver_for(checked.config),
-        endpoints=unix_endpoints(sockets),
-        recovery_only=recovery_only,
-    )
+    runtime = socket_runtime(checked, sockets, recovery_only=recovery_only)
     stores: dict[str, Store] = {}
     try:
         for component in components:

@@ -36,10 +36,7 @@ from core import deploy
 from core.codes import Code
 from core.config.model import DEPLOYMENT_ACTIONS, RUN_ACTIONS, Policy
 from core.errors import CoordinatorError
-from core.keys import resolver_for
-from core.rpc.transport import unix_endpoints
 from core.runs import StartResult
-from core.runtime import Runtime
 from devstack.postgres import DatabaseHandle
 from gateway.app import create_app, create_metrics_app
 from gateway.auth import JwksUnavailable
@@ -62,7 +59,7 @@ from tests.helpers.gateway_kit import (
     primed,
     verifier,
 )
-from tests.helpers.serving import serving
+from tests.helpers.serving import serving, socket_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT: Final[dict[str, Any]] = yaml.safe_load((ROOT / "docs" / "openapi.yaml").read_text())
@@ -525,12 +522,7 @@ async def stack(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Stack
     checked = deployment.checked()
     await deploy.apply(checked, [])
     sockets = Path(tempfile.mkdtemp(prefix="rco-", dir="/tmp"))
-    runtime = Runtime(
-        checked=checked,
-        resolver=resolver_for(checked.config),
-        endpoints=unix_endpoints(sockets),
-        recovery_only=False,
-    )
+    runtime = socket_runtime(checked, sockets)
     policies = {**_policies(), RETIRED: Policy(RETIRED, False, ("retired-flow",), ("start",))}
     try:
         async with serving(
