@@ -27,7 +27,7 @@ inside a transaction that is rolled back, so nothing changes:
 
 - one claim (``dispatcher_claim``): nothing is due, so this is the look an idle or freshly
   woken dispatcher makes; it should stop at the first future entry of ``step_due``;
-- one settle (``dispatcher_fast_advance``) of a real waiting run's step, leased to the bench
+- one settle (``dispatcher_step_settle``) of a real waiting run's step, leased to the bench
   first in the same transaction: the step completes, keeps a result, and a call step
   becomes the run's next, due now;
 - one lease sweep (``dispatcher_expire_leases``), which every dispatcher runs every second.
@@ -417,15 +417,18 @@ class Scale:
                 "ARRAY[1]",
                 f"ARRAY['{nonce}'::bytea]",
                 "ARRAY['\\x00'::bytea]",
+                "ARRAY[]::text[]",
+                "ARRAY[]::text[]",
                 f"'{SETTLE_NEXT_STEP}'",
                 "'call'",
-                "ARRAY[]::text[]",
-                "ARRAY[]::text[]",
+                "NULL",
+                "NULL",
+                "NULL",
                 "NULL",
             ]
         )
         return await self.explain(
-            "dispatcher_fast_advance", arguments, ("step", "run"), before=lease
+            "dispatcher_step_settle", arguments, ("step", "run"), before=lease
         )
 
     async def sweep_cost(self) -> PlanCost:

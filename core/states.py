@@ -51,3 +51,34 @@ class Effect(StrEnum):
 
     ACCEPTED = "accepted"
     UNKNOWN = "unknown"
+
+
+class Transition(StrEnum):
+    """What a step transition function of ``transitions.sql`` did (its header says what
+    each outcome writes)."""
+
+    WRITTEN = "written"
+    LEASE_LOST = "lease-lost"
+    """The step is not leased to the caller: nothing written."""
+    RESTORE_HELD = "restore-held"
+    """The caller's lease is from before the current restore-hold: nothing written."""
+    ALREADY_SETTLED = "already-settled"
+    """The step has ended already: nothing written."""
+    ABANDONED = "abandoned"
+    """A cancel abandoned the step: its own end is kept, nothing follows it."""
+    HELD = "held"
+    """The execution hold is set: nothing is executed."""
+    RUN_ENDED = "run-ended"
+    """The run ended while the step was leased: the step's end only."""
+    ERASED = "erased"
+    """Retention erased the run's values: the step's end, none of its payloads."""
+
+    @property
+    def moved(self) -> bool:
+        """Whether the transition wrote anything at all."""
+        return self not in NOTHING_WRITTEN
+
+
+NOTHING_WRITTEN: Final = frozenset(
+    {Transition.LEASE_LOST, Transition.RESTORE_HELD, Transition.ALREADY_SETTLED}
+)

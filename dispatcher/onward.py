@@ -3,14 +3,15 @@ the statement that settles the step before them.
 
 A ``choose`` reads nothing but the run's values and a ``finish`` needs nothing at all, so
 when a step's outcome is known together with the values it kept, the dispatcher can decide
-what those steps would decide right away. The statement that ends the step then records
-them as reached and completed and makes the first step that does need work (a call, a
-wait) due, or ends the run with the finish's outcome: one statement takes a run from one
+what those steps would decide right away. The call that settles the step (``step_settle``)
+then records them as reached and completed and makes the first step that does need work (a
+call, a wait) due, or ends the run with the finish's outcome: one call takes a run from one
 product answer to its next piece of real work, with no claim, read or transaction for the
 steps between. The rows written are those the steps would have written on their own.
 
-Only the single-statement common case does this (a live run nobody is cancelling, the
-execution hold off); everywhere else each step is claimed and run on its own, as before.
+``step_settle`` records them only where they would run: not for a step a cancel abandoned
+(nothing follows it), not under the execution hold (the first of them is made due and waits
+for the hold to end).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class Onward:
     next_kind: str | None
     outcome: str | None
     """The finish's outcome, when the run ends."""
+
+    @classmethod
+    def direct(cls, workflow: Workflow, step_id: str) -> Onward:
+        """Straight to ``step_id``, made due as it is (a choose or finish there is claimed
+        on its own)."""
+        return cls((), step_id, step_kind(workflow.step(step_id)), None)
 
     @property
     def step_ids(self) -> list[str]:

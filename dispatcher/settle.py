@@ -1,20 +1,21 @@
-"""Writing what happened to a step, each outcome in one transaction with what follows it.
+"""Writing what happened to a step: each transition one call, its outcome one word.
 
-The common case of the busiest writes — preparing a first command, and ending a step with
-its successor or with its run, in a run neither ended nor being cancelled — is one
-statement (:meth:`Settler.fast`): it locks the run row and then the step's exactly as the
-locked transaction would, and writes only when the lease is still this dispatcher's in the
-current hold epoch. When it writes nothing, the caller takes the locked transaction, which
-tells the other cases apart and writes what each of them calls for.
+An executor that knows how its step ends hands a :class:`dispatcher.tx.Settlement` to
+:meth:`Settler.conclude`, and a call about to send its command asks :meth:`Settler.prepare`:
+each is one call of a function of ``core/db/transitions.sql`` in one statement, which locks
+the run row and then the step's (the order a cancel takes them in), writes only while the
+lease is still this dispatcher's in the current hold epoch, decides what a cancel, the
+execution hold or an ended run calls for, and answers which of those it met.
 
-An executor opens :meth:`Settler.locked` for its claimed step: a transaction that first
-locks the step row (and its run's), and only while this dispatcher still holds its lease in
-the current hold epoch; inside, it writes through :class:`dispatcher.tx.Tx`. A lost lease
-(another dispatcher found it expired, or a restore-hold raised the epoch) yields no ``Tx``:
-the step is no longer ours to move, and one line in the log says which of the two it was
-(``restore.lease-incompatible`` for the epoch). :meth:`Settler.settle` runs an outcome in
-such a transaction and tries again while the database is away, so an answer already known
-is not lost to an outage.
+An executor whose outcome depends on what it reads under the lock (the database's clock, a
+timeout, a deadline) opens :meth:`Settler.locked` instead: a transaction that first locks
+the step row (and its run's), and only while this dispatcher still holds its lease in the
+current hold epoch; inside, it writes through :class:`dispatcher.tx.Tx`, whose settle is the
+same function. A lost lease (another dispatcher found it expired, or a restore-hold raised
+the epoch) writes nothing: the step is no longer ours to move, and one line in the log says
+which of the two it was (``restore.lease-incompatible`` for the epoch).
+:meth:`Settler.settle` and :meth:`Settler.conclude` try again while the database is away, so
+an answer already known is not lost to an outage.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from core.crypto import Keyring
 from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
-from core.states import StepState
+from core.states import Transition
 from dispatcher.claim import Claimed
-from dispatcher.onward import Onward
-from dispatcher.tx import Prepared, Tx, sealed_columns
+from dispatcher.tx import Prepared, Settlement, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -45,10 +45,6 @@ T = TypeVar("T")
 # sum stays well inside a lease, so the lease is still ours when the database returns.
 STORE_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 _TRANSIENT = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
-
-
-class _NotPrepared(Exception):
-    pass
 
 
 class Settler:
@@ -85,13 +81,21 @@ class Settler:
             else:
                 tx = Tx(conn, self.store, self.keyring, self.owner, claimed, row)
             yield tx
-        if tx is not None:
+        if tx is not None:  # committed
             tx.log_changes(log)
+            self.steps_done_inline += tx.steps_done_inline
 
     async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
         """Say in one line why a lease could not be used; nothing is written either way."""
         epoch = await conn.fetchval(self.store.queries["dispatcher_hold_epoch"])
         if claimed.lease_epoch is not None and epoch != claimed.lease_epoch:
+            self._report(claimed, Transition.RESTORE_HELD)
+        else:
+            self._report(claimed, Transition.LEASE_LOST)
+
+    @staticmethod
+    def _report(claimed: Claimed, outcome: Transition) -> None:
+        if outcome is Transition.RESTORE_HELD:
             # A restore-hold raised the epoch: whatever this execution learnt belongs to
             # before the hold, and the operator's review of the snapshot decides the step.
             log.warning(
@@ -100,12 +104,33 @@ class Settler:
                 claimed.step_id,
                 claimed.run_id,
             )
-        else:
+        elif outcome is Transition.LEASE_LOST:
             log.warning(
                 "step %s of run %s: the lease was lost; nothing is recorded for it",
                 claimed.step_id,
                 claimed.run_id,
             )
+        else:
+            log.warning(
+                "step %s of run %s: it has ended already; nothing is recorded for it",
+                claimed.step_id,
+                claimed.run_id,
+            )
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, tried again while the database is away or the attempt lost a
+        deadlock (rolled back as a whole: an operator action locked the run first, say)."""
+        for delay in (*STORE_RETRY_DELAYS, None):
+            try:
+                return await attempt()
+            except CoordinatorError as exc:
+                if exc.code != Code.SERVICE_UNAVAILABLE or delay is None:
+                    raise
+            except _TRANSIENT:
+                if delay is None:
+                    raise
+            await self._sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def settle(
         self, claimed: Claimed, action: Callable[[Tx], Awaitable[T]]
@@ -113,115 +138,52 @@ class Settler:
         """Run ``action`` in a locked transaction, retrying while the database is away.
 
         Answers (False, None) when the lease was lost, else (True, the action's result).
-        A deadlock victim is tried again too: nothing of it was written.
         """
-        for delay in (*STORE_RETRY_DELAYS, None):
-            try:
-                async with self.locked(claimed) as tx:
-                    if tx is None:
-                        return False, None
-                    return True, await action(tx)
-            except CoordinatorError as exc:
-                if exc.code != Code.SERVICE_UNAVAILABLE or delay is None:
-                    raise
-            except _TRANSIENT:
-                # Rolled back as a whole (an operator action locked the run first, say);
-                # the answer is still known, so record it again rather than lose it.
-                if delay is None:
-                    raise
-            await self._sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def fast(
-        self, run: Callable[[asyncpg.Connection], Awaitable[asyncpg.Record | None]]
-    ) -> asyncpg.Record | None:
-        """Run one of the single-statement common cases (``run`` makes its one call);
-        ``None`` when it wrote nothing — also when the database is away or the statement
-        lost a deadlock, since the locked transaction retries those."""
-        try:
+        async def attempt() -> tuple[bool, T | None]:
+            async with self.locked(claimed) as tx:
+                if tx is None:
+                    return False, None
+                return True, await action(tx)
+
+        return await self._retrying(attempt)
+
+    async def conclude(self, claimed: Claimed, settlement: Settlement) -> Transition:
+        """End the step as ``settlement`` says, with all that follows (``step_settle``),
+        in one statement; retried while the database is away. Answers what it did."""
+        arguments = settlement.arguments(
+            self.keyring, self.store.runtime.config.namespace, claimed.run_id
+        )
+
+        async def attempt() -> Transition:
             async with statement(self.store) as conn:
-                return await run(conn)
-        except CoordinatorError as exc:
-            if exc.code != Code.SERVICE_UNAVAILABLE:
-                raise
-        except _TRANSIENT:
-            pass
-        return None
+                row = await conn.fetchrow(
+                    self.store.queries["dispatcher_step_settle"],
+                    claimed.run_id,
+                    claimed.step_id,
+                    self.owner,
+                    *arguments,
+                )
+                outcome = Transition(row["outcome"])
+                if outcome is Transition.LEASE_LOST:
+                    await self._report_lost(conn, claimed)
+            return outcome
 
-    async def fast_advance(
-        self,
-        claimed: Claimed,
-        way: Onward,
-        *,
-        state: str = StepState.COMPLETED,
-        effect: str | None = None,
-        keep: dict[str, Any] | None = None,
-    ) -> bool:
-        """End the step (keeping ``keep``'s payloads), record the local steps ``way`` passes
-        and make its next step due (or end the run at its finish), in one statement; False
-        when that common case did not hold and nothing was written."""
-        namespace = self.store.runtime.config.namespace
-        purposes, versions, nonces, ciphertexts = sealed_columns(
-            self.keyring, namespace, claimed.run_id, keep or {}
-        )
-        queries = self.store.queries
-        row = await self.fast(
-            lambda conn: conn.fetchrow(
-                queries["dispatcher_fast_advance"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                state,
-                effect,
-                purposes,
-                versions,
-                nonces,
-                ciphertexts,
-                way.next_step,
-                way.next_kind,
-                way.step_ids,
-                way.step_types,
-                way.outcome,
-            )
-        )
-        if row is None:
-            return False
-        self.steps_done_inline += len(way.passed)
+        outcome = await self._retrying(attempt)
+        if not outcome.moved:
+            if outcome is not Transition.LEASE_LOST:
+                self._report(claimed, outcome)
+            return outcome
+        if outcome is Transition.WRITTEN and settlement.way is not None:
+            self.steps_done_inline += len(settlement.way.passed)
         if log.isEnabledFor(logging.INFO):
-            _log_onward(claimed, state, way)
-        return True
-
-    async def fast_end_run(
-        self, claimed: Claimed, *, step_state: str, run_state: str, outcome: str | None
-    ) -> bool:
-        """End the step and its run in one statement; False when that common case did not
-        hold and nothing was written."""
-        queries = self.store.queries
-        row = await self.fast(
-            lambda conn: conn.fetchrow(
-                queries["dispatcher_fast_end_run"],
+            log.info(
+                "run %s step %s: %s",
                 claimed.run_id,
                 claimed.step_id,
-                self.owner,
-                step_state,
-                None,
-                run_state,
-                outcome,
-                None,
-                None,
+                settlement.describe(outcome),
             )
-        )
-        if row is None:
-            return False
-        log.info(
-            "run %s step %s: %s; the run %s (outcome %s)",
-            claimed.run_id,
-            claimed.step_id,
-            step_state,
-            run_state,
-            outcome,
-        )
-        return True
+        return outcome
 
     async def prepare(
         self,
@@ -232,63 +194,44 @@ class Settler:
         command_key: str,
         deadline_seconds: int,
     ) -> Prepared | None:
-        """Commit the command (sealed) and its key as prepared, before it is sent.
+        """Commit the command (sealed) and its key as prepared, before it is sent
+        (``step_prepare``): the stored command ``command_payload_id`` of an earlier attempt,
+        or else ``command``, sealed and stored by the same call.
 
-        Reuses the stored command when a retry already has one. ``None`` when nothing may
-        be sent, with what that calls for already written: the lease was lost (nothing
-        written), the execution hold is set (the step is given back, ready), or a cancel
-        abandoned the step (it ends cancelled, in the same locked transaction that would
-        have prepared it — so a cancel committed first stops the command, and one committed
-        later finds the step prepared and leased, and leaves it to be settled).
+        ``None`` when nothing may be sent, with what that calls for already written: the
+        lease was lost (nothing written), the execution hold is set (the step is given
+        back, ready), or a cancel abandoned the step (it ends cancelled — so a cancel
+        committed first stops the command, and one committed later finds the step prepared
+        and leased, and leaves it to be settled).
         """
+        sealed = None
         if command_payload_id is None:
-            fast = await self._fast_prepare(claimed, command, command_key, deadline_seconds)
-            if fast is not None:
-                return fast
-        try:
-            async with self.locked(claimed) as tx:
-                if tx is None:
-                    return None
-                if tx.abandoned:
-                    await tx.cancel()
-                    return None
-                if tx.execution_held:
-                    raise _NotPrepared
-                prepared = await tx.prepare_command(
-                    command_payload_id, command, command_key, deadline_seconds
-                )
-                if prepared is None:
-                    raise _NotPrepared
-        except _NotPrepared:
-            # Rolled back, the sealed command included; the step is ours, so give it back.
-            await self.unprepare(claimed)
-            return None
-        return prepared
-
-    async def _fast_prepare(
-        self, claimed: Claimed, command: Any, command_key: str, deadline_seconds: int
-    ) -> Prepared | None:
-        sealed = seal_json(
-            self.keyring, self.store.runtime.config.namespace, claimed.run_id, "command", command
-        )
-        queries = self.store.queries
-        row = await self.fast(
-            lambda conn: conn.fetchrow(
-                queries["dispatcher_fast_prepare"],
+            namespace = self.store.runtime.config.namespace
+            sealed = seal_json(self.keyring, namespace, claimed.run_id, "command", command)
+        async with statement(self.store) as conn:
+            row = await conn.fetchrow(
+                self.store.queries["dispatcher_step_prepare"],
                 claimed.run_id,
                 claimed.step_id,
                 self.owner,
-                sealed.key_version,
-                sealed.nonce,
-                sealed.ciphertext,
+                command_payload_id,
+                None if sealed is None else sealed.key_version,
+                None if sealed is None else sealed.nonce,
+                None if sealed is None else sealed.ciphertext,
                 command_key,
                 deadline_seconds,
             )
-        )
-        if row is None:
-            return None
-        log.info("run %s step %s: prepared", claimed.run_id, claimed.step_id)
-        return Prepared.from_row(row)
+            outcome = Transition(row["outcome"])
+            if outcome is Transition.LEASE_LOST:
+                await self._report_lost(conn, claimed)
+        if outcome is Transition.WRITTEN:
+            log.info("run %s step %s: prepared", claimed.run_id, claimed.step_id)
+            return Prepared.from_row(row)
+        if outcome.moved:
+            log.info("run %s step %s: nothing sent (%s)", claimed.run_id, claimed.step_id, outcome)
+        elif outcome is not Transition.LEASE_LOST:
+            self._report(claimed, outcome)
+        return None
 
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""
@@ -366,12 +309,3 @@ class Settler:
                 seconds,
             )
         return renewed is not None
-
-
-def _log_onward(claimed: Claimed, state: str, way: Onward) -> None:
-    passed = "".join(f"; {step_id} ({kind}) completed" for step_id, kind in way.passed)
-    if way.next_step is not None:
-        then = f"next step {way.next_step} is due"
-    else:
-        then = f"the run ended at its finish (outcome {way.outcome})"
-    log.info("run %s step %s: %s%s; %s", claimed.run_id, claimed.step_id, state, passed, then)

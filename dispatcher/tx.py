@@ -1,24 +1,30 @@
-"""The step-locked transaction of one claimed step: every write a step executor makes.
+"""How a step ends, and the step-locked transaction of the writes that need a read first.
 
-:meth:`dispatcher.settle.Settler.locked` opens it once the step row (and its run's) is
-locked under this dispatcher's lease. :class:`Tx` records the outcome — kept payloads, the
-step's end, the run's new state and the next step made due — so that a crash leaves either
-all of it or none of it (CONTRACT §9.3: an outcome is committed before the next step is
-due). Executors write only through its methods, never with statements of their own.
+A :class:`Settlement` says how a step ends and where its run goes; ``step_settle`` in
+``core/db/transitions.sql`` writes it in one call, whoever calls it: the settler for an
+executor that knows its outcome outright (:meth:`dispatcher.settle.Settler.conclude`), or
+:meth:`Tx.settle` inside the locked transaction of one whose outcome depends on what it reads
+there (the database's clock, a timeout, a deadline). That function also decides the cases
+the executor does not know of — a lost lease, a cancel that abandoned the step, the execution
+hold, an ended or erased run — and answers which it met as a :class:`core.states.Transition`.
+
+:meth:`dispatcher.settle.Settler.locked` opens the transaction once the step row (and its
+run's) is locked under this dispatcher's lease; inside, executors write only through
+:class:`Tx`'s methods, so a crash leaves either all of an outcome or none of it (CONTRACT
+§9.3: an outcome is committed before the next step is due).
 
 A step abandoned by a cancel (``Tx.abandoned``: the run is cancelling and the step comes
 before its onCancel path, or there is no such path) still gets its own outcome — an
-accepted effect is kept, a refusal or an uncertain answer recorded — but :class:`Tx` never
-makes another step due after it and never schedules it again: a retry or a wait ends it
-``cancelled``. When the cancel has no onCancel path and the run is left with no live step,
-the same transaction ends the run ``cancelled``.
+accepted effect is kept, a refusal or an uncertain answer recorded — but nothing follows it:
+a retry or a wait ends it ``cancelled``, and when the cancel has no onCancel path and the
+run is left with no live step, the same transaction ends the run ``cancelled``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -27,9 +33,9 @@ import asyncpg
 from core.crypto import Keyring
 from core.payloads import seal_json
 from core.runtime import Store
-from core.states import RunState, StepState
-from core.workflow.model import Workflow, step_kind
+from core.states import RunState, StepState, Transition
 from dispatcher.claim import Claimed
+from dispatcher.onward import Onward
 
 UNCERTAIN_CAUSES: Final = frozenset(
     {
@@ -67,7 +73,7 @@ class Prepared:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Prepared:
-        """The prepared command of a ``dispatcher_command_prepare``-shaped answer."""
+        """The prepared command of a ``dispatcher_step_prepare`` answer."""
         return cls(
             attempts=int(row["attempts"]),
             first_of_run=bool(row["first_of_run"]),
@@ -79,8 +85,7 @@ class Prepared:
 def sealed_columns(
     keyring: Keyring, namespace: str, run_id: str, values: Mapping[str, Any]
 ) -> tuple[list[str], list[int], list[bytes], list[bytes]]:
-    """``values`` (purpose -> value) sealed, as the parallel arrays
-    ``dispatcher_payloads_insert`` and ``dispatcher_fast_advance`` take."""
+    """``values`` (purpose -> value) sealed, as the parallel arrays ``step_settle`` takes."""
     sealed = [seal_json(keyring, namespace, run_id, p, v) for p, v in values.items()]
     return (
         list(values),
@@ -88,6 +93,95 @@ def sealed_columns(
         [x.nonce for x in sealed],
         [x.ciphertext for x in sealed],
     )
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """How a step ends and where its run goes next: what ``step_settle`` writes."""
+
+    state: str
+    """The step's end: completed, refused, failed, or cancelled."""
+    effect: str | None = None
+    """The call's effect; ``None`` keeps the present one."""
+    keep: Mapping[str, Any] = field(default_factory=dict)
+    """Payloads of the step to store (purpose -> value), sealed on the way."""
+    way: Onward | None = None
+    """Where the run continues; ``None`` when it ends here."""
+    run_state: str | None = None
+    """The run's end (succeeded, failed) when it ends."""
+    outcome: str | None = None
+    failure: Failure | None = None
+
+    @classmethod
+    def onward(
+        cls,
+        way: Onward,
+        *,
+        state: str = StepState.COMPLETED,
+        effect: str | None = None,
+        keep: Mapping[str, Any] | None = None,
+    ) -> Settlement:
+        """The step ends and the run goes ``way``: through its local steps to its next
+        step, or to the finish that ends it."""
+        if way.next_step is None:
+            return cls(state, effect, keep or {}, way, RunState.SUCCEEDED, way.outcome)
+        return cls(state, effect, keep or {}, way)
+
+    @classmethod
+    def finishing(cls, outcome: str) -> Settlement:
+        """A finish step: the run ends with ``outcome``."""
+        return cls(StepState.COMPLETED, run_state=RunState.SUCCEEDED, outcome=outcome)
+
+    @classmethod
+    def failing(
+        cls,
+        failure: Failure,
+        *,
+        state: str = StepState.FAILED,
+        effect: str | None = None,
+        keep: Mapping[str, Any] | None = None,
+    ) -> Settlement:
+        """The step ends ``state`` and the run fails with ``failure``."""
+        return cls(state, effect, keep or {}, None, RunState.FAILED, failure=failure)
+
+    def arguments(self, keyring: Keyring, namespace: str, run_id: str) -> tuple[object, ...]:
+        """``dispatcher_step_settle``'s arguments after run, step and owner, the payloads
+        sealed (once: a retried settle reuses them)."""
+        way = self.way
+        failure = self.failure
+        return (
+            self.state,
+            self.effect,
+            *sealed_columns(keyring, namespace, run_id, self.keep),
+            [] if way is None else way.step_ids,
+            [] if way is None else way.step_types,
+            None if way is None else way.next_step,
+            None if way is None else way.next_kind,
+            self.run_state,
+            self.outcome,
+            None if failure is None else failure.kind,
+            None if failure is None else failure.path,
+        )
+
+    def describe(self, outcome: Transition) -> str:
+        """One line for the info log of what the settle wrote."""
+        if outcome is Transition.WRITTEN:
+            way = self.way
+            passed = "" if way is None else "".join(f"; {i} ({k}) completed" for i, k in way.passed)
+            if way is None:
+                return f"{self.state}; the run {self.run_state} (outcome {self.outcome})"
+            if way.next_step is not None:
+                return f"{self.state}{passed}; next step {way.next_step} is due"
+            return f"{self.state}{passed}; the run ended at its finish (outcome {self.outcome})"
+        if outcome is Transition.HELD and self.way is not None and self.way.passed:
+            return f"{self.state}; under the execution hold, {self.way.passed[0][0]} is due"
+        if outcome is Transition.ABANDONED:
+            return f"{self.state}, abandoned by a cancel: nothing follows"
+        return f"{self.state} ({outcome}): nothing follows"
+
+
+CANCEL: Final = Settlement(StepState.CANCELLED)
+"""The end of a step a cancel abandoned: whatever it was about to do is not done."""
 
 
 class Tx:
@@ -120,6 +214,8 @@ class Tx:
         self.execution_held = bool(row["execution_hold"])
         self.run_ended = bool(row["run_ended"])
         self._changes: list[tuple[str, tuple[object, ...]]] = []
+        self.steps_done_inline = 0
+        """Local steps this transaction's settle recorded (:mod:`dispatcher.onward`)."""
 
     def _changed(self, what: str, *args: object) -> None:
         """Note a transition for the info log, written once the transaction commits."""
@@ -139,129 +235,28 @@ class Tx:
     def _step_id(self) -> str:
         return self.claimed.step_id
 
-    async def keep(self, purpose: str, value: Any) -> int:
-        """Seal and store a payload of this step; answers its id."""
-        sealed = seal_json(self._keyring, self._namespace, self._run_id, purpose, value)
-        payload_id = await self._conn.fetchval(
-            self._queries["dispatcher_payload_insert"],
-            self._run_id,
-            self._step_id,
-            purpose,
-            sealed.key_version,
-            sealed.nonce,
-            sealed.ciphertext,
-        )
-        return int(payload_id)
-
-    async def keep_all(self, values: Mapping[str, Any]) -> None:
-        """Seal and store several payloads of this step (purpose -> value) in one statement."""
-        columns = sealed_columns(self._keyring, self._namespace, self._run_id, values)
-        await self._conn.execute(
-            self._queries["dispatcher_payloads_insert"], self._run_id, self._step_id, *columns
-        )
-
     # ------------------------------------------------------------------ every step
 
-    async def end_step(self, state: str, effect: str | None = None) -> None:
-        """End this step in ``state`` (completed, refused, failed, cancelled)."""
-        await self._conn.execute(
-            self._queries["dispatcher_step_end"], self._run_id, self._step_id, state, effect
+    async def settle(self, settlement: Settlement) -> Transition:
+        """End this step as ``settlement`` says, in this transaction (``step_settle``)."""
+        row = await self._conn.fetchrow(
+            self._queries["dispatcher_step_settle"],
+            self._run_id,
+            self._step_id,
+            self._owner,
+            *settlement.arguments(self._keyring, self._namespace, self._run_id),
         )
-        self._changed("ended %s", state)
-        await self._after_abandoned()
+        outcome = Transition(row["outcome"])
+        self._changed("%s", settlement.describe(outcome))
+        if outcome is Transition.WRITTEN and settlement.way is not None:
+            self.steps_done_inline += len(settlement.way.passed)
+        if row["run_state"] is not None and RunState(row["run_state"]).ended:
+            self.run_ended = True
+        return outcome
 
     async def cancel(self) -> None:
         """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
-        await self.end_step(StepState.CANCELLED)
-
-    async def _after_abandoned(self) -> None:
-        """End a run cancelled without an onCancel path once no step of it is live."""
-        if not self.abandoned or self.cancel_seq is not None or self.run_ended:
-            return
-        live = await self._conn.fetchval(
-            self._queries["dispatcher_run_live_steps"], self._run_id, self._step_id
-        )
-        if live:
-            return
-        await self._conn.fetchrow(
-            self._queries["dispatcher_run_end"],
-            self._run_id,
-            RunState.CANCELLED,
-            None,
-            None,
-            None,
-            None,
-        )
-        self._changed("the cancelled run ended: nothing of it is live")
-        self.run_ended = True
-
-    async def next_step(self, workflow: Workflow, step_id: str) -> None:
-        """Make ``step_id`` the run's next step, due now, and the run running."""
-        if self.run_ended or self.abandoned:
-            # An ended run goes nowhere; a cancelled one continues, if at all, on its
-            # onCancel path, which recovery already made due.
-            return
-        kind = step_kind(workflow.step(step_id))
-        await self._conn.fetchrow(
-            self._queries["dispatcher_step_insert"], self._run_id, step_id, self.seq + 1, kind
-        )
-        self._changed("next step %s is due", step_id)
-        await self._run_progress(RunState.RUNNING)
-
-    async def advance(
-        self,
-        workflow: Workflow,
-        next_step: str,
-        *,
-        state: str = StepState.COMPLETED,
-        effect: str | None = None,
-    ) -> None:
-        """End this step and continue at ``next_step``."""
-        if self.run_ended or self.abandoned:
-            await self.end_step(state, effect)
-            return
-        # The common case in one statement: not abandoned, so nothing else to end.
-        await self._conn.execute(
-            self._queries["dispatcher_step_advance"],
-            self._run_id,
-            self._step_id,
-            state,
-            effect,
-            next_step,
-            self.seq + 1,
-            step_kind(workflow.step(next_step)),
-        )
-        self._changed("%s; next step %s is due", state, next_step)
-
-    async def end_run(
-        self,
-        *,
-        step_state: str,
-        run_state: str,
-        effect: str | None = None,
-        outcome: str | None = None,
-        failure: Failure | None = None,
-    ) -> None:
-        """End this step and the run (succeeded with ``outcome`` or failed with ``failure``).
-
-        An abandoned step ends alone: its run ends on its onCancel path, or — without one —
-        cancelled once nothing else of it is live.
-        """
-        if self.abandoned or self.run_ended:
-            await self.end_step(step_state, effect)
-            return
-        await self._conn.fetchrow(
-            self._queries["dispatcher_step_end_run"],
-            self._run_id,
-            self._step_id,
-            step_state,
-            effect,
-            run_state,
-            outcome,
-            None if failure is None else failure.kind,
-            None if failure is None else failure.path,
-        )
-        self._changed("%s; the run %s (outcome %s)", step_state, run_state, outcome)
+        await self.settle(CANCEL)
 
     async def retry(self, delay: float) -> bool:
         """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
@@ -298,41 +293,6 @@ class Tx:
 
     # ------------------------------------------------------------------------ call
 
-    async def prepare_command(
-        self, payload_id: int | None, command: Any, command_key: str, deadline_seconds: int
-    ) -> Prepared | None:
-        """Commit the command and its key as prepared, counting the attempt: the stored
-        command ``payload_id`` of an earlier attempt, or else ``command``, sealed and stored
-        by the same statement. ``None`` when the lease, the hold epoch, the execution hold
-        or a cancel forbids it (the caller rolls back, a newly stored command with it)."""
-        if payload_id is not None:
-            row = await self._conn.fetchrow(
-                self._queries["dispatcher_command_prepare"],
-                self._run_id,
-                self._step_id,
-                self._owner,
-                payload_id,
-                command_key,
-                deadline_seconds,
-            )
-        else:
-            sealed = seal_json(self._keyring, self._namespace, self._run_id, "command", command)
-            row = await self._conn.fetchrow(
-                self._queries["dispatcher_command_seal_prepare"],
-                self._run_id,
-                self._step_id,
-                self._owner,
-                sealed.key_version,
-                sealed.nonce,
-                sealed.ciphertext,
-                command_key,
-                deadline_seconds,
-            )
-        if row is None:
-            return None
-        self._changed(StepState.PREPARED)
-        return Prepared.from_row(row)
-
     async def uncertain(self, cause: str, cause_status: int | None = None) -> None:
         """The command may have been processed: the step waits for an operator, run held.
 
@@ -353,7 +313,13 @@ class Tx:
         self._changed("uncertain (%s); the run is held for an operator", cause)
         await self._conn.execute(self._queries["dispatcher_run_hold"], self._run_id)
         # The run keeps its attention (the step stays unknown), even once it is cancelled.
-        await self._after_abandoned()
+        if not self.abandoned or self.cancel_seq is not None or self.run_ended:
+            return
+        if await self._conn.fetchval(
+            self._queries["dispatcher_run_close_cancelled"], self._run_id, self._step_id
+        ):
+            self._changed("the cancelled run ended: nothing of it is live")
+            self.run_ended = True
 
     # -------------------------------------------------------------------- wait-for
 

@@ -1,10 +1,12 @@
 """Install and verify state schema version 4 in a deployment's namespace (CONTRACT §6.1).
 
-``schema.sql`` is the single source of the layout. Installing runs it in the namespace;
-verifying compares a catalog dump of the installed namespace with the dump of a scratch
-namespace built from the same file inside a savepoint that is rolled back, so anything
-added, dropped or altered by hand (drift) is found without keeping a second description
-of the schema.
+``schema.sql`` is the single source of the layout, and ``transitions.sql`` of the functions
+that carry out the dispatcher's step transitions. Installing runs both in the namespace;
+every apply runs ``transitions.sql`` again (it only creates or replaces functions), so an
+installed namespace gets the functions of the release that applies it. Verifying compares a
+catalog dump of the installed namespace with the dump of a scratch namespace built from the
+same files inside a savepoint that is rolled back, so anything added, dropped or altered by
+hand (drift) is found without keeping a second description of the schema.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from core.errors import CoordinatorError
 
 SCHEMA_VERSION: Final = 4
 SCHEMA_FILE: Final = Path(__file__).with_name("schema.sql")
+TRANSITIONS_FILE: Final = Path(__file__).with_name("transitions.sql")
 _DRIFT_SHOWN = 6
 
 
@@ -36,6 +39,17 @@ def schema_sql() -> str:
 def render_schema(namespace: str) -> str:
     """``schema.sql`` for ``namespace``."""
     return render(schema_sql(), namespace)
+
+
+@cache
+def transitions_sql() -> str:
+    """The text of ``transitions.sql`` with its ``{{ns}}`` placeholders."""
+    return TRANSITIONS_FILE.read_text("utf-8")
+
+
+def render_transitions(namespace: str) -> str:
+    """``transitions.sql`` for ``namespace``."""
+    return render(transitions_sql(), namespace)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,7 @@ async def install(conn: asyncpg.Connection, namespace: str) -> None:
     transaction; the connected role becomes the owner of everything)."""
     await conn.execute(Queries(namespace)["schema_create"])
     await conn.execute(render_schema(namespace))
+    await conn.execute(render_transitions(namespace))
 
 
 async def catalog_dump(conn: asyncpg.Connection, namespace: str) -> set[tuple[str, str, str]]:
@@ -183,6 +198,8 @@ async def ensure_schema(conn: asyncpg.Connection, namespace: str) -> bool:
     if not state.has_version_table:
         raise refuse_unknown_layout(namespace)
     require_version(namespace, await read_version(conn, namespace))
+    # The functions are the release's own: an earlier release's are replaced, not refused.
+    await conn.execute(render_transitions(namespace))
     differences = await drift(conn, namespace)
     if differences:
         shown = "; ".join(differences[:_DRIFT_SHOWN])

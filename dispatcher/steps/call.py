@@ -46,7 +46,7 @@ from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
-from core.states import Effect, RunState, StepState
+from core.states import Effect, StepState
 from core.workflow.catalogue import Operation
 from core.workflow.mapping import map_command, map_output
 from core.workflow.model import CallStep
@@ -76,16 +76,13 @@ from dispatcher.steps.base import (
     access_token,
     call_token,
 )
-from dispatcher.tx import Failure, Tx
+from dispatcher.tx import Failure, Settlement, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
 
 async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
-    async def fail(tx: Tx) -> None:
-        await tx.end_run(step_state=StepState.FAILED, run_state=RunState.FAILED, failure=failure)
-
-    await env.settler.settle(claimed, fail)
+    await env.settler.conclude(claimed, Settlement.failing(failure))
 
 
 @dataclass(frozen=True)
@@ -286,35 +283,43 @@ async def _record(
     elif result.result != ACCEPTED:
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
     response = result.response
-    mapped = map_output(op, step.output, run.scope, response) if result.result == ACCEPTED else None
-    if mapped is not None and mapped.ok:
-        # The common case in one statement, with the local steps after the call; when it
-        # does not hold (a cancel, a lost lease), nothing was written and the locked
-        # transaction below decides.
+    if result.result == ACCEPTED:
+        mapped = map_output(op, step.output, run.scope, response)
+        if not mapped.ok:
+            await env.settler.conclude(
+                claimed,
+                Settlement.failing(
+                    Failure("mapping-invalid", mapped.failure_path),
+                    effect=Effect.ACCEPTED,
+                    keep={"response": response},
+                ),
+            )
+            return
+        # The run goes on with the output it keeps, through the local steps after the call.
         kept = mapped.value
         steps = {**run.scope.steps, step.id: kept} if isinstance(kept, dict) else run.scope.steps
         scope = dataclasses.replace(run.scope, steps=steps)
-        if await env.settler.fast_advance(
+        await env.settler.conclude(
             claimed,
-            onward(run.workflow, scope, step.next),
-            effect=Effect.ACCEPTED,
-            keep={"response": response, "output": mapped.value},
-        ):
-            return
-
-    async def accepted(tx: Tx) -> None:
-        assert mapped is not None  # only the accepted action runs this
-        if not mapped.ok:
-            await tx.keep("response", response)
-            await tx.end_run(
-                step_state=StepState.FAILED,
-                run_state=RunState.FAILED,
+            Settlement.onward(
+                onward(run.workflow, scope, step.next),
                 effect=Effect.ACCEPTED,
-                failure=Failure("mapping-invalid", mapped.failure_path),
-            )
-            return
-        await tx.keep_all({"response": response, "output": mapped.value})
-        await tx.advance(run.workflow, step.next, effect=Effect.ACCEPTED)
+                keep={"response": response, "output": kept},
+            ),
+        )
+        return
+    if result.result == REFUSED:
+        if step.on_refused is not None:
+            way = onward(run.workflow, run.scope, step.on_refused)
+            settlement = Settlement.onward(way, state=StepState.REFUSED)
+        else:
+            settlement = Settlement.failing(Failure("refused"), state=StepState.REFUSED)
+        await env.settler.conclude(claimed, settlement)
+        return
+    if result.result == NOT_SENDABLE:
+        # Refused here before a byte was written: never sent, and it never could be.
+        await _fail(env, claimed, Failure("invalid-command", ""))
+        return
 
     async def retryable(tx: Tx) -> None:
         # (An abandoned step is not retried: tx.retry ends it cancelled.)
@@ -325,37 +330,11 @@ async def _record(
             jitter=env.jitter,
         )
         if not await tx.retry(delay):
-            await tx.end_run(
-                step_state=StepState.FAILED,
-                run_state=RunState.FAILED,
-                failure=Failure("deadline-exceeded"),
-            )
-
-    async def refused(tx: Tx) -> None:
-        if step.on_refused is not None:
-            await tx.advance(run.workflow, step.on_refused, state=StepState.REFUSED)
-        else:
-            await tx.end_run(
-                step_state=StepState.REFUSED, run_state=RunState.FAILED, failure=Failure("refused")
-            )
+            await tx.settle(Settlement.failing(Failure("deadline-exceeded")))
 
     async def uncertain(tx: Tx) -> None:
         await tx.uncertain(result.cause or UNREADABLE_ANSWER, result.cause_status)
 
-    async def unsendable(tx: Tx) -> None:
-        # Refused here before a byte was written: never sent, and it never could be.
-        await tx.end_run(
-            step_state=StepState.FAILED,
-            run_state=RunState.FAILED,
-            failure=Failure("invalid-command", ""),
-        )
-
-    action = {
-        ACCEPTED: accepted,
-        RETRYABLE: retryable,
-        REFUSED: refused,
-        NOT_SENDABLE: unsendable,
-    }.get(result.result, uncertain)
     # A lost lease is logged by the settler, in one line that says whether a restore-hold
     # took it.
-    await env.settler.settle(claimed, action)
+    await env.settler.settle(claimed, retryable if result.result == RETRYABLE else uncertain)

@@ -54,14 +54,15 @@ from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
 from core.products.http import ExchangeFailure
-from core.states import RunState, StepState
+from core.states import StepState
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitForStep
 from dispatcher.claim import Claimed
+from dispatcher.onward import Onward
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv, access_token
-from dispatcher.tx import Failure, Tx
+from dispatcher.tx import Failure, Settlement, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -220,9 +221,7 @@ async def execute(
             if tx.abandoned:
                 await tx.cancel()
                 return
-            await tx.end_run(
-                step_state=StepState.FAILED, run_state=RunState.FAILED, failure=failure
-            )
+            await tx.settle(Settlement.failing(failure))
 
         await env.settler.settle(claimed, fail)
         return
@@ -267,15 +266,15 @@ async def execute(
             return
         if read.kind == DECIDED and read.result is not None:
             await tx.count_last_check()
-            await tx.keep("wait-result", dict(read.result))
             await tx.set_attention(False)
-            await tx.advance(run.workflow, step.next)
+            way = Onward.direct(run.workflow, step.next)
+            await tx.settle(Settlement.onward(way, keep={"wait-result": dict(read.result)}))
             return
         if _timed_out(tx, step) and step.on_timeout is not None:
             await tx.count_last_check()
             # The wait is over either way; a mark left by refused reads no longer applies.
             await tx.set_attention(False)
-            await tx.advance(run.workflow, step.on_timeout)
+            await tx.settle(Settlement.onward(Onward.direct(run.workflow, step.on_timeout)))
             return
         await tx.schedule_check()
         if read.kind in (REFUSED, PENDING):

@@ -13,14 +13,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from core import clock
-from core.states import RunState, StepState
+from core.states import StepState
 from core.workflow.expr import MissingValue, render
 from core.workflow.model import WaitUntilStep
 from core.workflow.schema import is_rfc3339
 from dispatcher.claim import Claimed
+from dispatcher.onward import onward
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
-from dispatcher.tx import Failure, Tx
+from dispatcher.tx import Failure, Settlement, Tx
 
 AT_POINTER = "/at"
 
@@ -50,7 +51,7 @@ async def execute(
             return
         if claimed.state == StepState.WAITING:
             # Claimed because the stored instant has come.
-            await tx.advance(run.workflow, step.next)
+            await tx.settle(Settlement.onward(onward(run.workflow, run.scope, step.next)))
             return
         if step.after_seconds is not None:
             due = tx.now + timedelta(seconds=step.after_seconds)
@@ -59,14 +60,10 @@ async def execute(
         else:
             # The workflow was checked offline, but an input can still carry a value
             # that is no instant; the failure names the step's field, never the value.
-            await tx.end_run(
-                step_state=StepState.FAILED,
-                run_state=RunState.FAILED,
-                failure=Failure("mapping-invalid", AT_POINTER),
-            )
+            await tx.settle(Settlement.failing(Failure("mapping-invalid", AT_POINTER)))
             return
         if due <= tx.now:
-            await tx.advance(run.workflow, step.next)
+            await tx.settle(Settlement.onward(onward(run.workflow, run.scope, step.next)))
         else:
             await tx.wait(due)
 

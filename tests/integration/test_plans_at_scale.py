@@ -14,6 +14,11 @@ statement may not
 - walk ``run_live``, the partial index of every live run, without a ``LIMIT``: a look-up by
   run id that can be planned through it reads all of them.
 
+The step transition functions (``core/db/transitions.sql``) cache the plans of the
+statements inside them as a prepared statement does. Each is run on one of the live runs with
+``plan_cache_mode = force_generic_plan`` and ``auto_explain`` reporting every nested
+statement's plan, and those plans are read the same way.
+
 A few statements look at many runs on purpose (an operator's list, retention, the
 activation's live-run checks): :data:`WHOLE_TABLE` names each with the reason it may.
 """
@@ -26,13 +31,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from core.db.queries import Queries, identifier_words, load, parameter_count, without_comments
+from core.db.query_names import QueryName
 from core.runtime import Store
-from devstack.postgres import DatabaseHandle
+from devstack.postgres import DatabaseHandle, PostgresCluster, PostgresServer
 from recovery.reads import COUNTED_EXACTLY, run_counts
-from tests.helpers.review_kit import ReviewKit, review_kit
+from tests.helpers.review_kit import WAIT, ReviewKit, review_kit
 from tests.helpers.scale import insert_ended_runs, insert_waiting_runs
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -141,6 +148,97 @@ async def test_no_per_run_statement_reads_every_live_run(kit: ReviewKit) -> None
             offending[name] = found
     assert len(checked) > 80, checked  # (the check itself must not go quiet)
     assert offending == {}, "\n".join(f"{n}: {f}" for n, f in sorted(offending.items()))
+
+
+LEASE = (
+    "UPDATE {ns}.step SET lease_owner = 'plan-probe', lease_epoch = (SELECT epoch FROM {ns}.hold),"
+    " lease_expires_at = {ns}.now() + interval '1 minute'{more} WHERE run_id = $1 AND step_id = $2"
+)
+NONCE = bytes(12)
+TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
+    # (query, what the leased step is made first, arguments after run, step and owner)
+    "a settle that passes a local step and makes the next due": (
+        "dispatcher_step_settle",
+        "",
+        ("completed", None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"],
+         ["choose"], "notify", "call", None, None, None, None),
+    ),
+    "a settle that fails the run": (
+        "dispatcher_step_settle",
+        "",
+        ("failed", None, [], [], [], [], [], [], None, None, "failed", None, "refused", None),
+    ),
+    "a settle of a step a cancel abandoned": (
+        "dispatcher_step_settle",
+        "cancel",
+        ("cancelled", None, [], [], [], [], [], [], None, None, None, None, None, None),
+    ),
+    "a prepare after a refused token": (
+        "dispatcher_step_prepare",
+        ", step_type = 'call', state = 'ready', cause = 'token-refused'",
+        (None, 1, NONCE, b"x", "command-key", 60),
+    ),
+}  # fmt: skip
+
+
+async def nested_plans(
+    conn: asyncpg.Connection, sql: str, run_id: str, arguments: tuple[object, ...]
+) -> list[dict[str, Any]]:
+    """The plans of every statement a transition function runs for ``sql``, each planned as
+    the function's cached plan would be on a pooled connection (generic), read back from
+    auto_explain (which only a superuser may load: ``conn`` is one); the transaction is rolled
+    back, so nothing changes."""
+    plans: list[dict[str, Any]] = []
+
+    def heard(_conn: object, message: Any) -> None:
+        text = str(message.message)
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+    conn.add_log_listener(heard)
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET LOCAL auto_explain.log_min_duration = 0",
+            "SET LOCAL auto_explain.log_nested_statements = on",
+            "SET LOCAL auto_explain.log_format = json",
+            "SET LOCAL auto_explain.log_level = notice",
+            "SET LOCAL client_min_messages = notice",
+            "SET LOCAL plan_cache_mode = force_generic_plan",
+        ):
+            await conn.execute(setting)
+        await conn.fetchrow(sql, run_id, WAIT, "plan-probe", *arguments)
+    finally:
+        await transaction.rollback()
+        conn.remove_log_listener(heard)
+    return plans
+
+
+async def test_no_transition_function_reads_every_live_run(
+    kit: ReviewKit, postgres_server: PostgresCluster, database: DatabaseHandle
+) -> None:
+    if not isinstance(postgres_server, PostgresServer):
+        pytest.skip("auto_explain is loaded by a superuser, which an external server lends none")
+    await quiet_then_bulk(kit)
+    superuser = await postgres_server.superuser_connect(database.database)
+    queries = Queries(kit.deployment.namespace)
+    offending: dict[str, list[str]] = {}
+    for number, (case, (name, change, arguments)) in enumerate(sorted(TRANSITIONS.items())):
+        run_id = f"scale-{LIVE // 2 + number}"
+        if change == "cancel":
+            await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", run_id)
+            change = ""
+        await kit.db.execute(LEASE.format(ns=kit.ns, more=change), run_id, WAIT)
+        plans = await nested_plans(superuser, queries[name], run_id, arguments)
+        # (the function call itself, and each statement inside it, including step_leased's)
+        assert len(plans) >= 5, (case, len(plans))
+        found = [fault for plan in plans for fault in faults(plan)]
+        if found:
+            offending[case] = found
+    await superuser.close()
+    assert offending == {}, offending
 
 
 async def test_the_plan_check_sees_a_statement_that_reads_every_live_run(

@@ -18,7 +18,7 @@ from core.db.connect import connect
 from core.db.queries import Queries, load
 from core.db.query_names import IDENTIFIERS
 from core.db.roles import component_role
-from core.db.schema import catalog_dump, render_schema
+from core.db.schema import catalog_dump, drift, render_schema, render_transitions
 from core.errors import CoordinatorError
 from devstack.postgres import DatabaseHandle
 from tests.helpers.deployment import (
@@ -77,6 +77,7 @@ async def test_the_applied_schema_equals_schema_sql(
     await migrator.execute(f'CREATE SCHEMA "{direct}"')
     try:
         await migrator.execute(render_schema(direct))
+        await migrator.execute(render_transitions(direct))
         applied_columns = await _columns(migrator, deployment.namespace)
         assert len(applied_columns) > 100
         assert applied_columns == await _columns(migrator, direct)
@@ -106,21 +107,49 @@ DRIFTS = {
         "AS $$ SELECT clock_timestamp() $$",
         "function now() differs",
     ),
+    "an added function": (
+        "CREATE FUNCTION {ns}.extra() RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$",
+        "function extra() is not part of version 4",
+    ),
 }
 
 
-@pytest.mark.parametrize("drift", sorted(DRIFTS))
+@pytest.mark.parametrize("change", sorted(DRIFTS))
 async def test_drift_is_refused(
-    drift: str, deployment: TestDeployment, migrator: asyncpg.Connection
+    change: str, deployment: TestDeployment, migrator: asyncpg.Connection
 ) -> None:
     checked = deployment.checked()
     await deploy.apply(checked, [])
-    statement, words = DRIFTS[drift]
+    statement, words = DRIFTS[change]
     await migrator.execute(statement.format(ns=f'"{deployment.namespace}"'))
     with pytest.raises(CoordinatorError) as refused:
         await deploy.apply(checked, [])
     assert refused.value.code == "deployment.refused"
     assert words in refused.value.detail
+
+
+async def test_apply_puts_the_transition_functions_of_its_release_in_place(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    # An earlier release's step_settle, say: same arguments, another body.
+    await migrator.execute(
+        f"""CREATE OR REPLACE FUNCTION {ns}.step_settle(
+                p_run text, p_step text, p_owner text, p_state text, p_effect text,
+                p_purposes text[], p_key_versions integer[], p_nonces bytea[],
+                p_ciphertexts bytea[], p_passed_ids text[], p_passed_types text[],
+                p_next text, p_next_type text, p_run_state text, p_outcome text,
+                p_failure_kind text, p_failure_path text,
+                OUT outcome text, OUT run_state text)
+            LANGUAGE plpgsql AS $$ BEGIN outcome := 'written'; END $$"""
+    )
+    [found] = await drift(migrator, deployment.namespace)
+    assert found.startswith("function step_settle(p_run text,") and found.endswith(" differs")
+
+    await deploy.apply(checked, [])
+    assert await drift(migrator, deployment.namespace) == []
 
 
 async def test_an_earlier_layout_is_refused(

@@ -346,21 +346,25 @@ async def test_a_prepare_keeps_the_attention_another_step_needs(kit: DispatchKit
     assert (await kit.run(run_id))["attention"] is True
 
 
-async def test_the_locked_prepares_clear_a_refused_token_too(kit: DispatchKit) -> None:
+async def test_both_prepares_clear_a_refused_token(kit: DispatchKit) -> None:
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-11"})
 
-    # A first attempt through the locked transaction (dispatcher_command_seal_prepare).
+    # A first attempt, storing the command.
     claimed = await claim(dispatcher, run_id)
     await dispatcher.settler.token_refused(claimed, delay=0.0, deadline_seconds=DEADLINE_SECONDS)
     claimed = await claim(dispatcher, run_id)
-    async with dispatcher.settler.locked(claimed) as tx:
-        assert tx is not None
-        assert await tx.prepare_command(None, COMMAND, kit.key(run_id), DEADLINE_SECONDS)
+    assert await dispatcher.settler.prepare(
+        claimed,
+        command=COMMAND,
+        command_payload_id=None,
+        command_key=kit.key(run_id),
+        deadline_seconds=DEADLINE_SECONDS,
+    )
     assert (await kit.step(run_id, "send"))["cause"] is None
     assert (await kit.run(run_id))["attention"] is False
 
-    # A later attempt with the stored command (dispatcher_command_prepare).
+    # A later attempt with the stored command.
     await dispatcher.settler.unprepare(claimed)
     claimed = await claim(dispatcher, run_id)
     assert claimed.command_payload_id is not None

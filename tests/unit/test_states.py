@@ -1,4 +1,5 @@
-"""The state types name exactly what the schema allows (core.states against schema.sql)."""
+"""The state types name exactly what the schema allows (core.states against schema.sql), and
+the transition outcomes exactly what transitions.sql answers."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from core.runs import RUN_STATES
-from core.states import ENDED_RUN_STATES, Effect, RunState, StepState
+from core.states import ENDED_RUN_STATES, Effect, RunState, StepState, Transition
 
-SCHEMA = (Path(__file__).resolve().parents[2] / "core" / "db" / "schema.sql").read_text()
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "core" / "db"
+SCHEMA = (SCHEMA_DIR / "schema.sql").read_text()
 
 
 def allowed(table: str, column: str) -> set[str]:
@@ -41,3 +43,14 @@ def test_run_states_and_ended_states() -> None:
     ended = re.search(r"CHECK \(\(state IN \(([^)]*)\)\) = \(ended_at IS NOT NULL\)\)", SCHEMA)
     assert ended
     assert set(re.findall(r"'([a-z]+)'", ended[1])) == {str(s) for s in ENDED_RUN_STATES}
+
+
+def test_each_transition_is_an_outcome_the_functions_answer() -> None:
+    functions = (SCHEMA_DIR / "transitions.sql").read_text()
+    answered = set(re.findall(r"\b(?:outcome|verdict) := '([a-z-]+)'", functions))
+    assert answered - {"ours"} == {member.value for member in Transition}
+    assert {t for t in Transition if not t.moved} == {
+        Transition.LEASE_LOST,
+        Transition.RESTORE_HELD,
+        Transition.ALREADY_SETTLED,
+    }

@@ -40,9 +40,13 @@ BEGIN
     REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {{ns}}
       FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     GRANT USAGE ON SCHEMA {{ns}} TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
-    -- Every component may read the clock; all other functions are for triggers only.
+    -- Every component may read the clock; the step transitions (transitions.sql) are the
+    -- dispatcher's, and run with its own table grants; the rest are for triggers only.
     GRANT EXECUTE ON FUNCTION {{ns}}.now(), {{ns}}.state_key_versions_in_use()
        TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
+    GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
+                              {{ns}}.step_settle, {{ns}}.step_prepare
+       TO {{dispatcher}};
 
     -- Read by every component at startup to verify the activation (§6.4).
     GRANT SELECT ON {{ns}}.schema_version, {{ns}}.deployment, {{ns}}.package,

@@ -4,9 +4,8 @@
 -- An action first reads the run and its held call without locking anything, does what it
 -- must outside a transaction (reconcile reads the product's receipt), and then writes in
 -- one transaction that locks the row it decided about and checks it is still as read. Its
--- writes mirror the dispatcher's own (core/db/queries/dispatcher.sql): a next step is made
--- due exactly as dispatcher_step_insert makes one, a run ends as dispatcher_run_end ends
--- it. Recovery never sends a command: retry-same only makes the step ready again with its
+-- writes mirror the dispatcher's own (step_settle in core/db/transitions.sql): a next step
+-- is made due exactly as it makes one, and a run ends as it ends one. Recovery never sends a command: retry-same only makes the step ready again with its
 -- stored command and key, and the dispatcher of an ordinary instance sends it.
 --
 -- A run's attention follows its steps: it is true while a step is uncertain or not-sent
@@ -147,7 +146,7 @@ UPDATE {{ns}}.run r
 
 -- name: recovery_run_end
 -- End run $1 (text) in state $2 (failed) with failure $3 kind, $4 JSON pointer, $5 step
--- (each text or null), as dispatcher_run_end does: a run that is being cancelled ends
+-- (each text or null), as step_settle does: a run that is being cancelled ends
 -- cancelled instead. Attention is recomputed from the steps.
 UPDATE {{ns}}.run r
    SET state = CASE WHEN r.cancelling THEN 'cancelled' ELSE $2 END,

@@ -1,0 +1,316 @@
+"""Each outcome of the step transition functions (``core/db/transitions.sql``), driven through
+the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` for
+``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``) on the real
+PostgreSQL server, with the rows each leaves behind.
+
+The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
+step settled already, a cancel that abandoned it, the execution hold, a run that ended or
+was erased meanwhile — are set up with direct writes to the test namespace, as an operator
+action or another dispatcher would leave them.
+"""
+
+# Test SQL names the test's own namespace, made by unique_namespace(), never input.
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.states import Effect, StepState, Transition
+from devstack.postgres import DatabaseHandle
+from dispatcher.claim import Claimed
+from dispatcher.engine import Dispatcher
+from dispatcher.onward import Onward
+from dispatcher.tx import Failure, Settlement
+from tests.helpers.dispatching import DispatchKit, dispatch_kit
+
+pytestmark = pytest.mark.postgres
+
+DEADLINE_SECONDS = 60
+COMMAND = {"template": "test-notice", "recipientRef": "applicant", "parameters": {}}
+ANSWER = {"messageId": "m-1"}
+# notice-checked: the call "send", then the choose "check", then the finish "kept".
+THROUGH_TO_KEPT = Onward((("check", "choose"), ("kept", "finish")), None, None, "kept")
+ACCEPTED = Settlement.onward(
+    THROUGH_TO_KEPT, effect=Effect.ACCEPTED, keep={"response": ANSWER, "output": ANSWER}
+)
+
+
+@pytest.fixture
+async def kit(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[DispatchKit]:
+    async with dispatch_kit(tmp_path, database) as made:
+        yield made
+
+
+INPUTS = {"route": {"kind": "a"}}
+
+
+async def claimed_call(
+    kit: DispatchKit, workflow: str = "notice-checked"
+) -> tuple[Dispatcher, Claimed]:
+    """A dispatcher, and a new run's first step claimed by it."""
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start(workflow, INPUTS.get(workflow, {"applicantRef": "applicant-1"}))
+    [claimed] = await dispatcher.claimer.claim(10)
+    assert claimed.run_id == run_id
+    return dispatcher, claimed
+
+
+async def steps(kit: DispatchKit, run_id: str) -> list[tuple[Any, ...]]:
+    """(step, seq, type, state, effect, leased, due) of every step of the run, in order."""
+    rows = await kit.db.fetch(
+        f"SELECT step_id, seq, step_type, state, effect, lease_owner IS NOT NULL AS leased, "
+        f"due_at IS NOT NULL AS due FROM {kit.ns}.step WHERE run_id = $1 ORDER BY seq",
+        run_id,
+    )
+    return [tuple(row) for row in rows]
+
+
+async def payloads(kit: DispatchKit, run_id: str) -> list[tuple[str | None, str]]:
+    rows = await kit.db.fetch(
+        f"SELECT step_id, purpose FROM {kit.ns}.payload WHERE run_id = $1 ORDER BY id", run_id
+    )
+    return [(row["step_id"], row["purpose"]) for row in rows]
+
+
+async def run_row(kit: DispatchKit, run_id: str) -> tuple[Any, ...]:
+    row = await kit.run(run_id)
+    return (row["state"], row["outcome"], row["failure_kind"], row["failure_step"])
+
+
+async def everything(kit: DispatchKit, run_id: str) -> tuple[Any, ...]:
+    return (await steps(kit, run_id), await payloads(kit, run_id), await run_row(kit, run_id))
+
+
+# ------------------------------------------------------------------------- step_settle
+
+
+async def test_settle_written_ends_the_step_passes_local_steps_and_ends_the_run(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False),
+        ("check", 2, "choose", "completed", None, False, False),
+        ("kept", 3, "finish", "completed", None, False, False),
+    ]
+    assert await payloads(kit, claimed.run_id) == [
+        (None, "input"),
+        ("send", "response"),
+        ("send", "output"),
+    ]
+    assert await run_row(kit, claimed.run_id) == ("succeeded", "kept", None, None)
+    assert dispatcher.settler.steps_done_inline == 2
+
+
+async def test_settle_written_makes_the_next_step_due(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    way = Onward((), "check", "choose", None)
+    assert await dispatcher.settler.conclude(claimed, Settlement.onward(way)) is (
+        Transition.WRITTEN
+    )
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", None, False, False),
+        ("check", 2, "choose", "ready", None, False, True),
+    ]
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+
+
+async def test_settle_written_fails_the_run(kit: DispatchKit) -> None:
+    dispatcher, other = await claimed_call(kit, "notice")
+    failing = Settlement.failing(Failure("invalid-command", "/recipientRef"))
+    assert await dispatcher.settler.conclude(other, failing) is Transition.WRITTEN
+    assert await steps(kit, other.run_id) == [("send", 1, "call", "failed", None, False, False)]
+    assert await run_row(kit, other.run_id) == ("failed", None, "invalid-command", "send")
+    assert (await kit.run(other.run_id))["failure_path"] == "/recipientRef"
+
+
+async def test_settle_lease_lost_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET lease_owner = 'another-dispatcher' WHERE run_id = $1",
+        claimed.run_id,
+    )
+    before = await everything(kit, claimed.run_id)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.LEASE_LOST
+    assert await everything(kit, claimed.run_id) == before
+
+
+async def test_settle_restore_held_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET epoch = epoch + 1")
+    before = await everything(kit, claimed.run_id)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.RESTORE_HELD
+    assert await everything(kit, claimed.run_id) == before
+
+
+async def test_settle_already_settled_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.WRITTEN
+    before = await everything(kit, claimed.run_id)
+    failing = Settlement.failing(Failure("refused"), state=StepState.REFUSED)
+    assert await dispatcher.settler.conclude(claimed, failing) is Transition.ALREADY_SETTLED
+    assert await everything(kit, claimed.run_id) == before
+
+
+async def test_settle_abandoned_call_keeps_its_outcome_and_the_run_ends_cancelled(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.ABANDONED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False)
+    ]
+    assert await payloads(kit, claimed.run_id) == [
+        (None, "input"),
+        ("send", "response"),
+        ("send", "output"),
+    ]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_settle_abandoned_choice_decides_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit, "route")
+    # An onCancel path made due beside it keeps the run going: only the step ends.
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET cancelling = true, cancel_seq = 2 WHERE id = $1",
+        claimed.run_id,
+    )
+    way = Settlement.onward(Onward((("went-a", "finish"),), None, None, "a"))
+    assert await dispatcher.settler.conclude(claimed, way) is Transition.ABANDONED
+    assert await steps(kit, claimed.run_id) == [
+        ("decide", 1, "choose", "cancelled", None, False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+
+
+async def test_settle_held_makes_the_first_local_step_due_unexecuted(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = true")
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.HELD
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False),
+        ("check", 2, "choose", "ready", None, False, True),
+    ]
+    assert ("send", "output") in await payloads(kit, claimed.run_id)
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+    assert dispatcher.settler.steps_done_inline == 0
+
+
+async def test_settle_on_an_ended_run_records_the_step_alone(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.RUN_ENDED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False)
+    ]
+    assert ("send", "response") in await payloads(kit, claimed.run_id)
+    assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
+
+
+async def test_settle_on_an_erased_run_keeps_no_payload(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now(), "
+        f"erased_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    await kit.db.execute(f"DELETE FROM {kit.ns}.payload WHERE run_id = $1", claimed.run_id)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.ERASED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False)
+    ]
+    assert await payloads(kit, claimed.run_id) == []
+
+
+# ------------------------------------------------------------------------ step_prepare
+
+
+async def prepare(kit: DispatchKit, dispatcher: Dispatcher, claimed: Claimed) -> Any:
+    return await dispatcher.settler.prepare(
+        claimed,
+        command=COMMAND,
+        command_payload_id=claimed.command_payload_id,
+        command_key=kit.key(claimed.run_id),
+        deadline_seconds=DEADLINE_SECONDS,
+    )
+
+
+async def test_prepare_written_stores_the_command_and_counts_the_attempt(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    prepared = await prepare(kit, dispatcher, claimed)
+    assert prepared is not None
+    assert (prepared.attempts, prepared.first_of_run) == (1, True)
+    assert 0 < prepared.deadline_in <= DEADLINE_SECONDS
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["command_key"], step["attempts"]) == (
+        "prepared",
+        kit.key(claimed.run_id),
+        1,
+    )
+    assert await payloads(kit, claimed.run_id) == [(None, "input"), ("send", "command")]
+
+
+@pytest.mark.parametrize(
+    ("change", "outcome"),
+    [
+        ("UPDATE {ns}.step SET lease_owner = 'another-dispatcher'", Transition.LEASE_LOST),
+        ("UPDATE {ns}.hold SET epoch = epoch + 1", Transition.RESTORE_HELD),
+        ("UPDATE {ns}.step SET state = 'prepared'", Transition.ALREADY_SETTLED),
+    ],
+)
+async def test_prepare_writes_nothing_for_a_step_not_ours_to_send(
+    kit: DispatchKit, change: str, outcome: Transition, caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(change.format(ns=kit.ns))
+    before = await everything(kit, claimed.run_id)
+    assert await prepare(kit, dispatcher, claimed) is None
+    assert await everything(kit, claimed.run_id) == before
+    assert f"step send of run {claimed.run_id}" in caplog.text
+
+
+async def test_prepare_abandoned_ends_the_step_cancelled_and_sends_nothing(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await prepare(kit, dispatcher, claimed) is None
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "cancelled", None, False, False)
+    ]
+    assert await payloads(kit, claimed.run_id) == [(None, "input")]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_prepare_held_gives_the_step_back(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = true")
+    assert await prepare(kit, dispatcher, claimed) is None
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "ready", None, False, True)]
+    assert await payloads(kit, claimed.run_id) == [(None, "input")]
+    assert (await kit.step(claimed.run_id, "send"))["attempts"] == 0
+
+
+async def test_prepare_on_an_ended_run_ends_the_step_cancelled(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    assert await prepare(kit, dispatcher, claimed) is None
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "cancelled", None, False, False)
+    ]
+    assert await payloads(kit, claimed.run_id) == [(None, "input")]
+    assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
