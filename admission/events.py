@@ -19,7 +19,7 @@ from core import derive
 from core.callers import EVENT_ISSUER
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.runs import StartResult
+from core.runs import StartResult, refuse_recovery_only
 
 _EVENT_ID: Final = re.compile(r"[\x20-\x7e]{1,1024}")
 
@@ -57,8 +57,8 @@ class EventAdmitter:
 
     async def start(self, source_key: str, event_id: str, data_json: str) -> StartResult:
         """Start (or find again) the run of event ``event_id`` from ``source_key``."""
-        self.admitter.refuse_recovery_only()
         runtime = self.admitter.runtime
+        refuse_recovery_only(runtime.recovery_only)
         source = runtime.config.event_sources.get(source_key)
         if source is None:
             # The gateway only passes sources it verified; a name this runtime file lacks

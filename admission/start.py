@@ -1,22 +1,31 @@
 """Admitting a run from the API (CONTRACT §9.1).
 
 A start is judged in this order: the instance admits at all (not ``--recovery-only``), the
-workflow is active, the admission hold is off, the input fits the workflow's input schema.
-Then the start identity is derived with the admission key from the principal, the workflow
-and the client's idempotency key. A known identity answers its run again when the input is
-the same (a keyed digest of the canonical input tells) and ``start.conflict`` when it is
-not; an identity whose run retention erased answers ``run.payload-erased``. A new identity
-becomes, in one transaction: the run, a binding per connection the workflow uses, the
-input sealed under the active state key, the start identity and the first step, due now.
+workflow is active, the activation is still the one this service started under, the
+admission hold is off, the input fits the workflow's input schema. Then the start identity
+is derived with the admission key from the principal, the workflow and the client's
+idempotency key. An identity whose run retention erased answers ``run.payload-erased``. A
+known identity answers its run again when the input is the same (a keyed digest of the
+canonical input tells) and ``start.conflict`` when it is not. A new identity becomes, in
+one transaction: the run, a binding per connection the workflow uses, the input sealed
+under the active state key, the start identity and the first step, due now.
 
-The common start — a valid input, a new identity, no hold, the activation unchanged — is
-one statement (``admission_run_create_checked``) that makes those checks itself and writes
-nothing when one fails; the lookup transaction then runs as above and answers with the
-refusal (or the known run) in the order given here.
+What needs no database is done once, here: the input is checked against the schema and
+made canonical, its keyed digest taken, the run id derived from the identity and the input
+sealed. Then one statement, ``admission_start``, judges all the database knows, in the
+order above, and writes the new run only when every judgement lets it; it answers the
+outcome (and the run, new or known), which :meth:`Admitter.start_identified` turns into
+the result or the refusal. A valid new start is that one statement in one implicit
+transaction. An input that does not fit is refused only after the activation and the hold,
+which come first: one read (``admission_gate``) judges those two.
 
-Two identical starts racing each other both try to insert the same run id (it is derived
-from the identity); the loser's insert fails on the primary key once the winner commits,
-and the loser reads the winner's run back instead.
+The recovery-only refusal is :func:`core.runs.refuse_recovery_only`, applied first by
+:meth:`Admitter.start` and by the event start (admission/events.py), once per start.
+
+Two starts of one identity racing each other both try to insert the same run id (it is
+derived from the identity); the loser's insert fails on the primary key once the winner
+commits, and the loser's statement, run once more, finds the winner's identity: the same
+run for the same input, ``start.conflict`` for another.
 """
 
 from __future__ import annotations
@@ -24,18 +33,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from typing import Any, Final, overload
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Final
 
 import asyncpg
 
-from core import clock, derive
+from core import derive
 from core.callers import Caller
 from core.canonical import canonical_json
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config, seal
 from core.errors import CoordinatorError
 from core.payloads import statement
-from core.runs import RunRecord, StartResult, check_idempotency_key, read_run
+from core.runs import RunRecord, StartResult, check_idempotency_key, refuse_recovery_only
 from core.runtime import Runtime, Store
 from core.workflow.model import Workflow, step_kind
 from core.workflow.schema import validate_input
@@ -98,6 +109,51 @@ def input_errors(workflow: Workflow, value: Any) -> None:
         )
 
 
+class StartOutcome(StrEnum):
+    """What ``admission_start`` judged (``admission_gate`` judges the first two, or open)."""
+
+    ACTIVATION_CHANGED = "activation-changed"
+    ADMISSION_HELD = "admission-held"
+    OPEN = "open"
+    ERASED = "erased"
+    KNOWN = "known"
+    CONFLICT = "conflict"
+    CREATED = "created"
+
+
+_REFUSALS: Final[Mapping[StartOutcome, tuple[Code, str]]] = {
+    StartOutcome.ACTIVATION_CHANGED: (
+        Code.DEPLOYMENT_ACTIVATION_CHANGED,
+        "apply changed the active packages; restart the service with its runtime file",
+    ),
+    StartOutcome.ADMISSION_HELD: (
+        Code.ADMISSION_HELD,
+        "the admission hold is set; release-admission-hold ends it",
+    ),
+    StartOutcome.ERASED: (
+        Code.RUN_PAYLOAD_ERASED,
+        "the run of this idempotency key was erased by retention",
+    ),
+    StartOutcome.CONFLICT: (
+        Code.START_CONFLICT,
+        "this idempotency key started a run with a different input",
+    ),
+}
+
+
+def _judged(row: asyncpg.Record | None) -> tuple[StartOutcome, asyncpg.Record]:
+    """The outcome an ``admission_start`` or ``admission_gate`` row names, with the row;
+    the refusal raised when the outcome is one."""
+    if row is None:
+        raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
+    outcome = StartOutcome(row["start_outcome"])
+    refusal = _REFUSALS.get(outcome)
+    if refusal is not None:
+        code, detail = refusal
+        raise CoordinatorError(code, detail)
+    return outcome, row
+
+
 class Admitter:
     """Starts runs for one deployment; shared by every Start call of the servicer."""
 
@@ -114,14 +170,7 @@ class Admitter:
         admission_key = runtime.resolver.read_key(config.deployment.admission_key_ref)
         return cls(runtime, store, admission_key, keyring_from_config(config, runtime.resolver))
 
-    def refuse_recovery_only(self) -> None:
-        """Refuse every start in a recovery-only instance: it is judged before anything else."""
-        if self.runtime.recovery_only:
-            raise CoordinatorError(
-                Code.ADMISSION_RECOVERY_ONLY, "this instance runs in recovery-only mode"
-            )
-
-    def _active(self, workflow_id: str) -> tuple[str, Workflow]:
+    def _active(self, workflow_id: str) -> tuple[str, Workflow, int]:
         activation = self.store.activation
         if activation is None:
             raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the activation is not verified yet")
@@ -133,13 +182,13 @@ class Admitter:
             raise CoordinatorError(
                 Code.WORKFLOW_NOT_FOUND, f"workflow '{workflow_id}' is not active"
             )
-        return package.digest, package.workflow
+        return package.digest, package.workflow, activation.serial
 
     async def start(
         self, caller: Caller, workflow_id: str, idempotency_key: str, value: Any
     ) -> StartResult:
         """Admit one API start (or answer the run an earlier identical start created)."""
-        self.refuse_recovery_only()
+        refuse_recovery_only(self.runtime.recovery_only)
         check_idempotency_key(idempotency_key)
         identity = derive.api_start_identity(
             self._admission_key, caller.iss, caller.sub, workflow_id, idempotency_key
@@ -149,139 +198,46 @@ class Admitter:
     async def start_identified(
         self, caller: Caller, workflow_id: str, identity: str, value: Any
     ) -> StartResult:
-        """Admit a start whose identity is already derived (a signed event's source and id)."""
-        self.refuse_recovery_only()
-        digest, workflow = self._active(workflow_id)
-        for attempt in range(_ATTEMPTS):
-            try:
-                return await self._attempt(caller, workflow, digest, identity, value)
-            except asyncpg.UniqueViolationError:
-                if attempt + 1 == _ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Admit a start whose identity is already derived (a signed event's source and id)
+        and whose caller already applied the recovery-only refusal."""
+        digest, workflow, serial = self._active(workflow_id)
+        plaintext = await self._fitting(workflow, serial, value)
+        outcome, row = _judged(
+            await self._decide(caller, workflow, digest, serial, identity, plaintext)
+        )
+        if row["id"] is None:  # a known identity's row references its run, so it exists
+            raise CoordinatorError(Code.RUN_NOT_FOUND, "the run of this start is missing")
+        return StartResult(
+            created=outcome is StartOutcome.CREATED,
+            run_id=row["id"],
+            status=RunRecord.from_row(row).status(),
+        )
 
-    async def _attempt(
-        self, caller: Caller, workflow: Workflow, digest: str, identity: str, value: Any
-    ) -> StartResult:
-        created = await self._create_checked(caller, workflow, digest, identity, value)
-        if created is not None:
-            return created  # the common case, in one statement
-        q = self.store.queries
-        activation = self.store.activation
-        assert activation is not None  # checked by _active
-        async with self.store.connection() as conn, conn.transaction():
-            # Every default timestamp and the first step's due time come from SQL now().
-            await clock.apply_to(conn)
-            context = await conn.fetchrow(q["admission_lookup"], identity)
-            if context is None:
-                raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
-            if int(context["activation_serial"]) != activation.serial:
-                raise CoordinatorError(
-                    Code.DEPLOYMENT_ACTIVATION_CHANGED,
-                    "apply changed the active packages; restart the service with its runtime file",
-                )
-            if context["admission_hold"]:
-                raise CoordinatorError(
-                    Code.ADMISSION_HELD, "the admission hold is set; release-admission-hold ends it"
-                )
-            input_errors(workflow, value)
-            plaintext = canonical_input(value)
-            keyed = input_digest(self._admission_key, plaintext)
-            if context["erased_run"] is not None:
-                raise CoordinatorError(
-                    Code.RUN_PAYLOAD_ERASED,
-                    "the run of this idempotency key was erased by retention",
-                )
-            if context["known_run"] is not None:
-                if not hmac.compare_digest(context["known_digest"], keyed):
-                    raise CoordinatorError(
-                        Code.START_CONFLICT,
-                        "this idempotency key started a run with a different input",
-                    )
-                return await self._answer(conn, context["known_run"], created=False)
-            run_id = derive.run_id(self._admission_key, identity)
-            row = await self._insert(
-                conn, caller, workflow, digest, run_id, identity, keyed, plaintext
-            )
-            return StartResult(created=True, run_id=run_id, status=RunRecord.from_row(row).status())
+    async def _fitting(self, workflow: Workflow, serial: int, value: Any) -> bytes:
+        """The canonical bytes of an input that fits the workflow's input schema.
 
-    async def _create_checked(
-        self, caller: Caller, workflow: Workflow, digest: str, identity: str, value: Any
-    ) -> StartResult | None:
-        """A new run of a valid input written by one statement that also makes every check
-        of the lookup transaction (hold, activation serial, identity unknown and not
-        erased); ``None`` when the input is invalid or a check did not pass — nothing was
-        written, and the lookup transaction answers with the right refusal or run."""
-        activation = self.store.activation
-        assert activation is not None  # checked by _active
+        One that does not is refused with ``input.invalid``, but only after the activation
+        and the hold are judged (they come first): one read on this rare path."""
         try:
             input_errors(workflow, value)
-        except CoordinatorError:
-            return None
-        plaintext = canonical_input(value)
-        keyed = input_digest(self._admission_key, plaintext)
-        run_id = derive.run_id(self._admission_key, identity)
-        async with statement(self.store) as conn:
-            row = await self._insert(
-                conn,
-                caller,
-                workflow,
-                digest,
-                run_id,
-                identity,
-                keyed,
-                plaintext,
-                activation_serial=activation.serial,
-            )
-        if row is None:
-            return None
-        return StartResult(created=True, run_id=run_id, status=RunRecord.from_row(row).status())
+            return canonical_input(value)
+        except CoordinatorError as error:
+            unfit = error
+        async with self.store.connection() as conn:
+            _judged(await conn.fetchrow(self.store.queries["admission_gate"], serial))
+        raise unfit
 
-    @overload
-    async def _insert(
+    async def _decide(
         self,
-        conn: asyncpg.Connection,
         caller: Caller,
         workflow: Workflow,
         digest: str,
-        run_id: str,
+        serial: int,
         identity: str,
-        keyed_digest: str,
         plaintext: bytes,
-    ) -> asyncpg.Record: ...
-
-    @overload
-    async def _insert(
-        self,
-        conn: asyncpg.Connection,
-        caller: Caller,
-        workflow: Workflow,
-        digest: str,
-        run_id: str,
-        identity: str,
-        keyed_digest: str,
-        plaintext: bytes,
-        *,
-        activation_serial: int,
-    ) -> asyncpg.Record | None: ...
-
-    async def _insert(
-        self,
-        conn: asyncpg.Connection,
-        caller: Caller,
-        workflow: Workflow,
-        digest: str,
-        run_id: str,
-        identity: str,
-        keyed_digest: str,
-        plaintext: bytes,
-        *,
-        activation_serial: int | None = None,
     ) -> asyncpg.Record | None:
-        """Write the run and everything of it in one statement; answers its run row.
-
-        With ``activation_serial`` the statement also checks what the lookup would have
-        (``admission_run_create_checked``) and answers ``None`` when a check fails."""
+        """Run ``admission_start`` for a fitting input: its one row (or none), and the new run
+        written when the outcome is created."""
         config = self.runtime.config
         connections = []
         for name in sorted(workflow.connections):
@@ -289,48 +245,45 @@ class Admitter:
             if connection is None:  # the runtime file check makes this unreachable
                 raise CoordinatorError(Code.DEPLOYMENT_REFUSED, f"connections.{name}: missing")
             connections.append((name, connection))
+        run_id = derive.run_id(self._admission_key, identity)
+        keyed = input_digest(self._admission_key, plaintext)
         sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
         first = workflow.step(workflow.start)
-        checked = activation_serial is not None
-        query = self.store.queries[
-            "admission_run_create_checked" if checked else "admission_run_create"
-        ]
-        extra = (activation_serial,) if checked else ()
-        row: asyncpg.Record | None = await conn.fetchrow(
-            query,
-            run_id,
-            workflow.id,
-            digest,
-            caller.iss,
-            caller.sub,
-            caller.client_id or None,
-            [name for name, _ in connections],
-            [c.type for _, c in connections],
-            [c.base_url for _, c in connections],
-            [c.authorization.client_id for _, c in connections],
-            config.deployment.authentication.issuer,
-            [json.dumps(list(c.authorization.scopes)) for _, c in connections],
-            [c.token_audience for _, c in connections],
-            [c.profile for _, c in connections],
-            [c.producer for _, c in connections],
-            sealed.key_version,
-            sealed.nonce,
-            sealed.ciphertext,
-            identity,
-            keyed_digest,
-            workflow.start,
-            step_kind(first),
-            *extra,
-        )
-        if row is None and not checked:  # an INSERT ... RETURNING of one row answers it
-            raise CoordinatorError(Code.INTERNAL, "the new run was not answered")
-        return row
-
-    async def _answer(self, conn: asyncpg.Connection, run_id: str, *, created: bool) -> StartResult:
-        run: RunRecord | None = await read_run(conn, self.store.queries, run_id)
-        if run is None:  # the identity row references the run, so it exists
-            raise CoordinatorError(Code.RUN_NOT_FOUND, "the run of this start is missing")
-        return StartResult(created=created, run_id=run_id, status=run.status())
+        for attempt in range(_ATTEMPTS):
+            try:
+                # Every default timestamp and the first step's due time come from SQL now().
+                async with statement(self.store) as conn:
+                    row: asyncpg.Record | None = await conn.fetchrow(
+                        self.store.queries["admission_start"],
+                        run_id,
+                        workflow.id,
+                        digest,
+                        caller.iss,
+                        caller.sub,
+                        caller.client_id or None,
+                        [name for name, _ in connections],
+                        [c.type for _, c in connections],
+                        [c.base_url for _, c in connections],
+                        [c.authorization.client_id for _, c in connections],
+                        config.deployment.authentication.issuer,
+                        [json.dumps(list(c.authorization.scopes)) for _, c in connections],
+                        [c.token_audience for _, c in connections],
+                        [c.profile for _, c in connections],
+                        [c.producer for _, c in connections],
+                        sealed.key_version,
+                        sealed.nonce,
+                        sealed.ciphertext,
+                        identity,
+                        keyed,
+                        workflow.start,
+                        step_kind(first),
+                        serial,
+                    )
+                return row
+            except asyncpg.UniqueViolationError:
+                if attempt + 1 == _ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def admit(

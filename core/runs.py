@@ -10,8 +10,8 @@ List cursors are opaque to clients; inside they are the ``(created_at, id)`` pos
 the last run shown, which is the order lists walk.
 
 The values about runs that more than one component checks live here too, once: the run
-states, the list and retain limits, the start's idempotency key, the operator's
-investigation reference and what a start answers.
+states, the list and retain limits, the start's idempotency key and its refusal in a
+recovery-only instance, the operator's investigation reference and what a start answers.
 """
 
 from __future__ import annotations
@@ -62,6 +62,18 @@ def check_idempotency_key(key: str) -> None:
         raise CoordinatorError(
             Code.REQUEST_INVALID, "Idempotency-Key: must be 1 to 255 visible ASCII characters"
         )
+
+
+def refuse_recovery_only(recovery_only: bool) -> None:
+    """Refuse a start, from the API or a signed event, in a recovery-only instance (CONTRACT
+    §2.1): 409 ``admission.recovery-only``.
+
+    Judged first, once per start in each process that takes starts: the gateway (a
+    recovery-only instance runs no admission component for it to call) and admission (which
+    may be run on its own with ``--recovery-only``).
+    """
+    if recovery_only:
+        raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
 
 
 def document_json(document: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
-from core.runs import StartResult
+from core.runs import StartResult, refuse_recovery_only
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -262,8 +262,8 @@ class GrpcBackend:
     async def start(
         self, caller: BackendCaller, workflow_id: str, idempotency_key: str, input_json: str
     ) -> StartResult:
-        if self._recovery_only:
-            raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
+        # A recovery-only instance runs no admission component: the refusal is answered here.
+        refuse_recovery_only(self._recovery_only)
         request = pb.StartRequest(
             caller=_proto_caller(caller),
             workflow_id=workflow_id,

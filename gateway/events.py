@@ -37,7 +37,7 @@ from core.callers import EVENT_ISSUER
 from core.codes import Code
 from core.config.model import RuntimeConfig
 from core.errors import CoordinatorError
-from core.runs import StartResult
+from core.runs import StartResult, refuse_recovery_only
 from core.secrets import SecretResolver
 from gateway import bodies
 from gateway.backend import AuditRecord
@@ -217,8 +217,7 @@ class EventHandler:
         # The record names the run once admission has answered with it.
         async with audited(ctx.backend, lambda outcome: self._record(outcome, principal, run_id)):
             event = event_of(document)
-            if self.recovery_only:
-                raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
+            refuse_recovery_only(self.recovery_only)
             result = await self.start(source.name, event.id, event.data_json)
             run_id = result.run_id
         if result.created:

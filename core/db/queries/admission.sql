@@ -1,88 +1,57 @@
--- The admission component's statements: what a start reads, then everything it writes in
--- one statement, both in one transaction (admission/start.py), so a run never exists
--- without its bindings, its sealed input, its start identity and its first due step.
+-- The admission component's statements. A start is judged and written by one statement
+-- (admission_start), so a run never exists without its bindings, its sealed input, its
+-- start identity and its first due step, and a start costs one round trip
+-- (admission/start.py). The judgements of the hold and the activation serial have one more
+-- statement of their own (admission_gate), for the start whose input does not fit: those
+-- are judged before the input.
 
--- name: admission_lookup
--- What a start reads before it writes, in one statement: the admission hold and the
--- activation serial (a service that started under an older serial may not admit any more);
--- erased_run, the run of start identity $1 (64 hex digits) if retention erased it; and
--- known_run with known_digest, the run that identity started and the keyed digest of its
--- input (both null for a new identity).
-SELECT h.admission_hold, d.activation_serial,
-       (SELECT t.run_id FROM {{ns}}.tombstone t
-         WHERE t.kind = 'start-identity' AND t.value = $1) AS erased_run,
-       i.run_id AS known_run, i.input_digest AS known_digest
-  FROM {{ns}}.hold h
- CROSS JOIN {{ns}}.deployment d
-  LEFT JOIN {{ns}}.start_identity i ON i.identity = $1;
-
--- name: admission_run_create
--- A new run, everything of it in one statement: the run in state running ($1 run id, $2
--- workflow id, $3 package digest, $4 principal iss, $5 principal sub, $6 client_id, null
--- for event starts); one binding per connection the workflow uses, as parallel arrays ($7
--- connection names, $8 connection types, $9 base URLs, $10 client ids, $12 scopes each as
--- a JSON array text, $13 token audiences, $14 profiles, $15 producers, null outside
--- Casework; all text[]) under issuer $11 (text); the sealed input ($16 state key version,
--- $17 nonce, $18 ciphertext with its GCM tag); start identity $19 (64 hex digits) with the
--- keyed input digest $20 (64 hex); and the first step $21 (text, type $22), due now (the
--- step_due_notify trigger wakes an idle dispatcher at commit). Answers the run as run_read
--- does. Unique violation on the run id when a concurrent start of the same identity
--- committed first.
-WITH created AS (
-    INSERT INTO {{ns}}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
-                            client_id)
-    VALUES ($1, $2, $3, $4, $5, $6)
-    RETURNING *
-), bound AS (
-    INSERT INTO {{ns}}.binding (run_id, connection, connection_type, base_url, client_id,
-                                issuer, scopes, audience, profile, producer)
-    SELECT $1, b.connection, b.connection_type, b.base_url, b.client_id, $11,
-           ARRAY(SELECT jsonb_array_elements_text(b.scopes::jsonb)), b.audience, b.profile,
-           b.producer
-      FROM unnest($7::text[], $8::text[], $9::text[], $10::text[], $12::text[], $13::text[],
-                  $14::text[], $15::text[])
-           AS b(connection, connection_type, base_url, client_id, scopes, audience, profile,
-                producer)
-), sealed AS (
-    INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
-    VALUES ($1, NULL, 'input', $16, $17, $18)
-), identified AS (
-    INSERT INTO {{ns}}.start_identity (identity, run_id, input_digest) VALUES ($19, $1, $20)
-), first_step AS (
-    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-    VALUES ($1, $21, 1, $22, 'ready', {{ns}}.now())
-)
-SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
-       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
-       r.failure_kind, r.failure_path, r.failure_step,
-       r.created_at, r.updated_at, r.ended_at
-  FROM created r
-  JOIN {{ns}}.package p ON p.digest = r.package_digest;
-
--- name: admission_run_create_checked
--- admission_lookup and admission_run_create in one statement, for a start whose input
--- already passed the workflow's schema. The parameters are admission_run_create's: $1 run
--- id, $2 workflow id, $3 package digest, $4 principal iss, $5 principal sub, $6 client_id;
--- the bindings as parallel arrays ($7 connection names, $8 connection types, $9 base URLs,
--- $10 client ids, $12 scopes each as a JSON array text, $13 token audiences, $14 profiles,
--- $15 producers) under issuer $11; the sealed input ($16 state key version, $17 nonce, $18
--- ciphertext); start identity $19 with keyed input digest $20; the first step $21 (type
--- $22) — and $23 (bigint), the activation serial this service started under. The run is
--- written only when the common case holds: the admission hold is off, the serial is still
--- $23, and identity $19 neither started a run nor was erased by retention. Then it answers
--- the run as admission_run_create does; otherwise no row and nothing written, and the caller
--- takes the lookup transaction, which tells the other cases apart. Unique violation on the
--- run id when a concurrent start of the same identity committed first.
-WITH created AS (
+-- name: admission_start
+-- A start of an input that fits the workflow's input schema, judged and, when it is new,
+-- written. The parameters describe the run it would create: $1 run id (text), $2 workflow
+-- id (text), $3 package digest (text), $4 principal iss (text), $5 principal sub (text),
+-- $6 client_id (text, null for event starts); one binding per connection the workflow
+-- uses, as parallel arrays ($7 connection names, $8 connection types, $9 base URLs, $10
+-- client ids, $12 scopes each as a JSON array text, $13 token audiences, $14 profiles, $15
+-- producers, null outside Casework; all text[]) under issuer $11 (text); the sealed input
+-- ($16 state key version (integer), $17 nonce (bytea), $18 ciphertext with its GCM tag
+-- (bytea)); start identity $19 (text, 64 hex digits) with the keyed digest of its input
+-- $20 (text, 64 hex digits); the first step $21 (text) of type $22 (text); and $23
+-- (bigint), the activation serial the service started under.
+--
+-- Answers one row: start_outcome, the first of these that holds,
+--   activation-changed  apply changed the activation serial since $23;
+--   admission-held      the admission hold is set;
+--   erased              retention erased the run identity $19 started;
+--   known               identity $19 started a run whose input digest is $20;
+--   conflict            identity $19 started a run whose input digest is another;
+--   created             none of these: the run is written in state running, with its
+--                       bindings, the sealed input, the start identity and the first step,
+--                       due now (the step_due_notify trigger wakes an idle dispatcher at
+--                       commit);
+-- then, for created and known, the run as run_read answers it (null columns otherwise).
+-- Only created writes anything. No row when the namespace has no hold or deployment row.
+-- Unique violation on the run id (derived from the identity) when a concurrent start of
+-- the same identity committed after this statement's snapshot: the statement run again
+-- finds that identity and answers known or conflict.
+WITH judged AS (
+    SELECT CASE WHEN d.activation_serial <> $23::bigint THEN 'activation-changed'
+                WHEN h.admission_hold THEN 'admission-held'
+                WHEN t.run_id IS NOT NULL THEN 'erased'
+                WHEN i.run_id IS NULL THEN 'created'
+                WHEN i.input_digest = $20::text THEN 'known'
+                ELSE 'conflict'
+           END AS start_outcome,
+           i.run_id AS known_run
+      FROM {{ns}}.hold h
+     CROSS JOIN {{ns}}.deployment d
+      LEFT JOIN {{ns}}.start_identity i ON i.identity = $19::text
+      LEFT JOIN {{ns}}.tombstone t ON t.kind = 'start-identity' AND t.value = $19::text
+), created AS (
     INSERT INTO {{ns}}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
                             client_id)
     SELECT $1, $2, $3, $4, $5, $6
-      FROM {{ns}}.hold h CROSS JOIN {{ns}}.deployment d
-     WHERE NOT h.admission_hold
-       AND d.activation_serial = $23::bigint
-       AND NOT EXISTS (SELECT 1 FROM {{ns}}.start_identity i WHERE i.identity = $19)
-       AND NOT EXISTS (SELECT 1 FROM {{ns}}.tombstone t
-                        WHERE t.kind = 'start-identity' AND t.value = $19)
+      FROM judged
+     WHERE start_outcome = 'created'
     RETURNING *
 ), bound AS (
     INSERT INTO {{ns}}.binding (run_id, connection, connection_type, base_url, client_id,
@@ -104,10 +73,33 @@ WITH created AS (
 ), first_step AS (
     INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
     SELECT $1, $21, 1, $22, 'ready', {{ns}}.now() FROM created
+), answered AS (
+    -- The run to answer with: the one just written, or the known one (read by its key).
+    SELECT * FROM created
+    UNION ALL
+    SELECT k.*
+      FROM judged j
+      JOIN {{ns}}.run k ON k.id = j.known_run
+     WHERE j.start_outcome = 'known'
 )
-SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+SELECT j.start_outcome,
+       r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
        r.created_at, r.updated_at, r.ended_at
-  FROM created r
-  JOIN {{ns}}.package p ON p.digest = r.package_digest;
+  FROM judged j
+  LEFT JOIN answered r ON true
+  LEFT JOIN {{ns}}.package p ON p.digest = r.package_digest;
+
+-- name: admission_gate
+-- What a start judges before its input, for an input that does not fit (admission_start
+-- judges a fitting one): start_outcome 'activation-changed' when apply changed the
+-- activation serial since $1 (bigint), the serial the service started under;
+-- 'admission-held' when the admission hold is set; 'open' otherwise. Writes nothing. No
+-- row when the namespace has no hold or deployment row.
+SELECT CASE WHEN d.activation_serial <> $1::bigint THEN 'activation-changed'
+            WHEN h.admission_hold THEN 'admission-held'
+            ELSE 'open'
+       END AS start_outcome
+  FROM {{ns}}.hold h
+ CROSS JOIN {{ns}}.deployment d;
