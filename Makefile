@@ -16,7 +16,7 @@ help:
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
 	@echo "make lint        ruff and mypy --strict"
-	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query names"
+	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query calls"
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
 	@echo "make bench       benchmarks (not tests)"
 	@echo "make soak        10 minutes of steady runs among 1,000,000 waiting ones (not a test)"
@@ -80,7 +80,7 @@ soak: $(STAMP) $(PG_STAMP)
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
-# core/db/query_names.py (the typed query names) from core/db/queries/*.sql.
+# The typed query calls (core/db/query_names.py, core/db/statements.py) from core/db/queries/*.sql.
 query-names: $(STAMP)
 	$(BIN)/python scripts/gen_query_names.py
 

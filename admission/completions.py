@@ -69,5 +69,5 @@ class CompletionWaker:
         match = derive.wait_match(self._admission_key, connection, REVIEW_DECISION, review_id)
         async with self.store.connection() as conn, conn.transaction():
             await clock.apply_to(conn)
-            woken = await conn.fetch(self.store.queries["waits_wake"], match)
+            woken = await self.store.queries.waits_wake(conn, match=match)
         return len(woken)

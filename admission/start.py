@@ -224,7 +224,7 @@ class Admitter:
         except CoordinatorError as error:
             unfit = error
         async with self.store.connection() as conn:
-            _judged(await conn.fetchrow(self.store.queries["admission_gate"], serial))
+            _judged(await self.store.queries.admission_gate(conn, activation_serial=serial))
         raise unfit
 
     async def _decide(
@@ -253,31 +253,31 @@ class Admitter:
             try:
                 # Every default timestamp and the first step's due time come from SQL now().
                 async with statement(self.store) as conn:
-                    row: asyncpg.Record | None = await conn.fetchrow(
-                        self.store.queries["admission_start"],
-                        run_id,
-                        workflow.id,
-                        digest,
-                        caller.iss,
-                        caller.sub,
-                        caller.client_id or None,
-                        [name for name, _ in connections],
-                        [c.type for _, c in connections],
-                        [c.base_url for _, c in connections],
-                        [c.authorization.client_id for _, c in connections],
-                        config.deployment.authentication.issuer,
-                        [json.dumps(list(c.authorization.scopes)) for _, c in connections],
-                        [c.token_audience for _, c in connections],
-                        [c.profile for _, c in connections],
-                        [c.producer for _, c in connections],
-                        sealed.key_version,
-                        sealed.nonce,
-                        sealed.ciphertext,
-                        identity,
-                        keyed,
-                        workflow.start,
-                        step_kind(first),
-                        serial,
+                    row = await self.store.queries.admission_start(
+                        conn,
+                        run_id=run_id,
+                        workflow_id=workflow.id,
+                        package_digest=digest,
+                        principal_iss=caller.iss,
+                        principal_sub=caller.sub,
+                        client_id=caller.client_id or None,
+                        connections=[name for name, _ in connections],
+                        connection_types=[c.type for _, c in connections],
+                        base_urls=[c.base_url for _, c in connections],
+                        client_ids=[c.authorization.client_id for _, c in connections],
+                        issuer=config.deployment.authentication.issuer,
+                        scopes=[json.dumps(list(c.authorization.scopes)) for _, c in connections],
+                        audiences=[c.token_audience for _, c in connections],
+                        profiles=[c.profile for _, c in connections],
+                        producers=[c.producer for _, c in connections],
+                        key_version=sealed.key_version,
+                        nonce=sealed.nonce,
+                        ciphertext=sealed.ciphertext,
+                        identity=identity,
+                        input_digest=keyed,
+                        first_step=workflow.start,
+                        first_step_type=step_kind(first),
+                        activation_serial=serial,
                     )
                 return row
             except asyncpg.UniqueViolationError:

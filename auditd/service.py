@@ -88,15 +88,15 @@ async def record_segment(store: Store, journal: Journal) -> None:
     if journal.segment_start_seq is None:
         return
     async with store.connection() as conn:
-        latest = await conn.fetchrow(store.queries["audit_segment_latest"])
+        latest = await store.queries.audit_segment_latest(conn)
         if latest is not None and latest["fingerprint"] == journal.key_fingerprint:
             return
         number = 1 if latest is None else int(latest["segment"]) + 1
-        await conn.execute(
-            store.queries["audit_segment_insert"],
-            number,
-            journal.key_fingerprint,
-            journal.segment_start_seq,
+        await store.queries.audit_segment_insert(
+            conn,
+            segment=number,
+            fingerprint=journal.key_fingerprint,
+            first_seq=journal.segment_start_seq,
         )
 
 

@@ -33,7 +33,7 @@ import asyncpg
 
 from core.codes import Code
 from core.config.model import RuntimeConfig
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.runtime import Store
 
@@ -148,10 +148,10 @@ def conflicts_in(config: RuntimeConfig, rows: Sequence[Mapping[str, Any]]) -> li
 
 
 async def live_conflicts(
-    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig
+    conn: asyncpg.Connection, queries: Statements, config: RuntimeConfig
 ) -> list[Conflict]:
     """Every connection whose settings differ for at least one run that has not ended."""
-    return conflicts_in(config, await conn.fetch(queries["bindings_live"]))
+    return conflicts_in(config, await queries.bindings_live(conn))
 
 
 async def verify_live_bindings(store: Store, *, refuse: bool = True) -> list[Conflict]:
@@ -176,17 +176,17 @@ async def verify_live_bindings(store: Store, *, refuse: bool = True) -> list[Con
 
 
 async def run_conflicts(
-    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig, run_id: str
+    conn: asyncpg.Connection, queries: Statements, config: RuntimeConfig, run_id: str
 ) -> list[str]:
     """The connections of a run that has not ended whose settings changed (sorted)."""
-    rows = await conn.fetch(queries["bindings_of_run"], run_id)
+    rows = await queries.bindings_of_run(conn, run_id=run_id)
     if not rows or rows[0]["ended"]:
         return []
     return [conflict.connection for conflict in conflicts_in(config, rows)]
 
 
 async def refuse_run_conflict(
-    conn: asyncpg.Connection, queries: Queries, config: RuntimeConfig, run_id: str
+    conn: asyncpg.Connection, queries: Statements, config: RuntimeConfig, run_id: str
 ) -> None:
     """Refuse (409 ``binding.live-conflict``) to act on a run whose binding changed."""
     changed = await run_conflicts(conn, queries, config, run_id)

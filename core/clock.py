@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from core.db.queries import load
+from core.db import statements
 
 ENV_VAR: Final = "COORDINATOR_TEST_CLOCK_FILE"
 SETTING: Final = "coordinator.fake_now"
@@ -115,7 +115,7 @@ async def apply_to(conn: Any) -> None:
     instant = pinned_instant()
     if instant is None:
         return
-    await conn.execute(load()["clock_fake_now_set"], SETTING, format_instant(instant))
+    await statements.clock_fake_now_set(conn, setting=SETTING, instant=format_instant(instant))
 
 
 def write_test_clock(path: Path, instant: datetime) -> None:

@@ -237,7 +237,7 @@ async def preflight(path: Path, recovery_only: bool) -> None:
     An unreachable database is not a refusal: the components start, report
     ``store-unavailable`` and wait for it, and ``/ready`` answers 503 meanwhile.
     """
-    from core.db.queries import load
+    from core.db import statements
     from core.db.roles import component_role
     from core.deploy.activation import verify_activation
     from core.deploy.database import open_connection
@@ -247,7 +247,7 @@ async def preflight(path: Path, recovery_only: bool) -> None:
     try:
         async with open_connection(runtime.config, runtime.resolver, "runtime") as conn:
             role = component_role(runtime.config.namespace, "recovery")
-            await conn.execute(load()["role_set"], role)
+            await statements.role_set(conn, role=role)
             await verify_activation(conn, runtime.checked, resolver=runtime.resolver)
     except CoordinatorError as error:
         if error.code != Code.STORE_UNAVAILABLE:

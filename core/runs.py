@@ -29,7 +29,7 @@ import asyncpg
 
 from core.clock import timestamp
 from core.codes import Code
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.states import RunState
 
@@ -289,17 +289,19 @@ def inspection_document(
 # ----------------------------------------------------------------------------------- reads
 
 
-async def read_run(conn: asyncpg.Connection, queries: Queries, run_id: str) -> RunRecord | None:
+async def read_run(conn: asyncpg.Connection, queries: Statements, run_id: str) -> RunRecord | None:
     """The run ``run_id``, or ``None`` when there is none (or the id cannot be one)."""
     if not _RUN_ID.fullmatch(run_id):
         return None
-    row = await conn.fetchrow(queries["run_read"], run_id)
+    row = await queries.run_read(conn, run_id=run_id)
     return None if row is None else RunRecord.from_row(row)
 
 
-async def read_steps(conn: asyncpg.Connection, queries: Queries, run_id: str) -> list[StepRecord]:
+async def read_steps(
+    conn: asyncpg.Connection, queries: Statements, run_id: str
+) -> list[StepRecord]:
     """The steps of ``run_id`` in the order the run reached them."""
-    return [StepRecord.from_row(row) for row in await conn.fetch(queries["run_steps"], run_id)]
+    return [StepRecord.from_row(row) for row in await queries.run_steps(conn, run_id=run_id)]
 
 
 # --------------------------------------------------------------------------------- cursors

@@ -23,8 +23,8 @@ from core.codes import Code
 from core.config.check import check_runtime_file
 from core.config.model import CheckedDeployment, RuntimeConfig
 from core.db.connect import create_pool
-from core.db.queries import Queries
 from core.db.roles import component_role
+from core.db.statements import Statements
 from core.deploy.activation import verify_activation
 from core.deploy.database import RUNTIME_LABEL, read_url, translate, trusted_root
 from core.deploy.model import Activation
@@ -99,7 +99,7 @@ class Store:
         self.runtime = runtime
         self.component = component
         self.role = component_role(runtime.config.namespace, component)
-        self.queries = Queries(runtime.config.namespace)
+        self.queries = Statements(runtime.config.namespace)
         self._pool: asyncpg.Pool | None = None
         self._clock = clock
         self._last_notice = -STORE_NOTICE_INTERVAL_SECONDS

@@ -25,7 +25,7 @@ async def store_health(store: Store, timeout: float = HEALTH_TIMEOUT_SECONDS) ->
     row = None
     try:
         async with asyncio.timeout(timeout), store.connection() as conn:
-            row = await conn.fetchrow(store.queries["deployment_read"])
+            row = await store.queries.deployment_read(conn)
     except (CoordinatorError, TimeoutError):
         store.notice_unavailable()
         reasons.append("store-unavailable")
@@ -48,7 +48,7 @@ async def refuse_changed_activation(store: Store) -> None:
     """409 ``deployment.activation-changed`` once an ``apply`` changed the activation this
     component verified at startup; every API call but ``/ready`` asks this first."""
     async with store.connection() as conn:
-        row = await conn.fetchrow(store.queries["deployment_read"])
+        row = await store.queries.deployment_read(conn)
     activation = store.activation
     if (
         row is not None

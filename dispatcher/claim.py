@@ -115,20 +115,21 @@ class Claimer:
         if limit <= 0:
             return []
         async with statement(self.store) as conn:
-            rows = await conn.fetch(
-                self.store.queries["dispatcher_claim"],
-                self.owner,
-                limit,
-                self.settings.lease_seconds,
+            rows = await self.store.queries.dispatcher_claim(
+                conn,
+                owner=self.owner,
+                limit=limit,
+                lease_seconds=self.settings.lease_seconds,
             )
         return [Claimed.from_row(row) for row in rows]
 
     async def sweep(self) -> Sweep:
         """Release expired leases; a prepared step among them becomes uncertain."""
         async with statement(self.store) as conn:
-            row = await conn.fetchrow(
-                self.store.queries["dispatcher_expire_leases"], self.settings.sweep_limit
+            row = await self.store.queries.dispatcher_expire_leases(
+                conn, limit=self.settings.sweep_limit
             )
+        assert row is not None  # counts: always one row
         found = Sweep(int(row["released"]), int(row["uncertain"]))
         if found.uncertain:
             log.warning(
@@ -140,7 +141,8 @@ class Claimer:
     async def next_wake(self) -> Wake:
         """The next due instant and lease expiry, relative to the database's clock."""
         async with statement(self.store) as conn:
-            row = await conn.fetchrow(self.store.queries["dispatcher_next_wake"])
+            row = await self.store.queries.dispatcher_next_wake(conn)
+        assert row is not None  # scalar subqueries: always one row
         return Wake(row["due_in"], row["lease_in"], bool(row["execution_hold"]))
 
     def idle_cap(self) -> float:

@@ -69,11 +69,8 @@ class Settler:
     async def locked(self, claimed: Claimed) -> AsyncIterator[Tx | None]:
         """A transaction holding the step's row lock, or ``None`` when the lease is lost."""
         async with transaction(self.store) as conn:
-            row = await conn.fetchrow(
-                self.store.queries["dispatcher_step_lock"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
+            row = await self.store.queries.dispatcher_step_lock(
+                conn, run_id=claimed.run_id, step_id=claimed.step_id, owner=self.owner
             )
             if row is None:
                 await self._report_lost(conn, claimed)
@@ -87,7 +84,7 @@ class Settler:
 
     async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
         """Say in one line why a lease could not be used; nothing is written either way."""
-        epoch = await conn.fetchval(self.store.queries["dispatcher_hold_epoch"])
+        epoch = await self.store.queries.dispatcher_hold_epoch(conn)
         if claimed.lease_epoch is not None and epoch != claimed.lease_epoch:
             self._report(claimed, Transition.RESTORE_HELD)
         else:
@@ -157,12 +154,12 @@ class Settler:
 
         async def attempt() -> Transition:
             async with statement(self.store) as conn:
-                row = await conn.fetchrow(
-                    self.store.queries["dispatcher_step_settle"],
-                    claimed.run_id,
-                    claimed.step_id,
-                    self.owner,
-                    *arguments,
+                row = await arguments.write(
+                    conn,
+                    self.store.queries,
+                    run_id=claimed.run_id,
+                    step_id=claimed.step_id,
+                    owner=self.owner,
                 )
                 outcome = Transition(row["outcome"])
                 if outcome is Transition.LEASE_LOST:
@@ -209,18 +206,19 @@ class Settler:
             namespace = self.store.runtime.config.namespace
             sealed = seal_json(self.keyring, namespace, claimed.run_id, "command", command)
         async with statement(self.store) as conn:
-            row = await conn.fetchrow(
-                self.store.queries["dispatcher_step_prepare"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                command_payload_id,
-                None if sealed is None else sealed.key_version,
-                None if sealed is None else sealed.nonce,
-                None if sealed is None else sealed.ciphertext,
-                command_key,
-                deadline_seconds,
+            row = await self.store.queries.dispatcher_step_prepare(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                payload_id=command_payload_id,
+                key_version=None if sealed is None else sealed.key_version,
+                nonce=None if sealed is None else sealed.nonce,
+                ciphertext=None if sealed is None else sealed.ciphertext,
+                command_key=command_key,
+                deadline_seconds=deadline_seconds,
             )
+            assert row is not None  # step_prepare answers one row
             outcome = Transition(row["outcome"])
             if outcome is Transition.LEASE_LOST:
                 await self._report_lost(conn, claimed)
@@ -236,12 +234,12 @@ class Settler:
     async def unprepare(self, claimed: Claimed, delay: float = 0.0) -> None:
         """Give the step back, ready again: this dispatcher knows it sent nothing."""
         async with statement(self.store) as conn:
-            await conn.fetchrow(
-                self.store.queries["dispatcher_step_unprepare"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                delay,
+            await self.store.queries.dispatcher_step_unprepare(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                delay=delay,
             )
         log.info("run %s step %s: nothing sent; ready again", claimed.run_id, claimed.step_id)
 
@@ -252,13 +250,13 @@ class Settler:
         ``deadline_seconds`` clock a first attempt would have started. Nothing is written
         when the lease is no longer ours."""
         async with statement(self.store) as conn:
-            await conn.fetchrow(
-                self.store.queries["dispatcher_step_token_refused"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                delay,
-                deadline_seconds,
+            await self.store.queries.dispatcher_step_token_refused(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                delay=delay,
+                deadline_seconds=deadline_seconds,
             )
         log.info(
             "run %s step %s: the access token was refused; ready again in %.0f s",
@@ -271,14 +269,14 @@ class Settler:
         """Remember for doctor that the issuer refused ``connection``'s token with the OAuth
         error code ``error`` (e.g. ``invalid_client``; never the issuer's description)."""
         async with statement(self.store) as conn:
-            await conn.execute(
-                self.store.queries["dispatcher_token_refusal_record"], connection, error
+            await self.store.queries.dispatcher_token_refusal_record(
+                conn, connection=connection, error=error
             )
 
     async def clear_token_refusal(self, connection: str) -> None:
         """Forget ``connection``'s recorded refusal: the issuer granted it a token."""
         async with statement(self.store) as conn:
-            await conn.execute(self.store.queries["dispatcher_token_refusal_clear"], connection)
+            await self.store.queries.dispatcher_token_refusal_clear(conn, connection=connection)
 
     async def release(self, claimed: Claimed, delay: float = 0.0) -> str | None:
         """Give the lease up without an outcome; a prepared step becomes uncertain.
@@ -286,12 +284,12 @@ class Settler:
         Answers the step's state afterwards, or ``None`` if the lease was not ours anymore.
         """
         async with statement(self.store) as conn:
-            state = await conn.fetchval(
-                self.store.queries["dispatcher_step_release"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                delay,
+            state = await self.store.queries.dispatcher_step_release(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                delay=delay,
             )
         if state is None:
             return None
@@ -301,11 +299,11 @@ class Settler:
     async def renew(self, claimed: Claimed, seconds: float) -> bool:
         """Extend the lease; False when it is no longer ours."""
         async with statement(self.store) as conn:
-            renewed = await conn.fetchval(
-                self.store.queries["dispatcher_lease_renew"],
-                claimed.run_id,
-                claimed.step_id,
-                self.owner,
-                seconds,
+            renewed = await self.store.queries.dispatcher_lease_renew(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                seconds=seconds,
             )
         return renewed is not None

@@ -29,8 +29,10 @@ from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
+from asyncpg import Record
 
 from core.crypto import Keyring
+from core.db.statements import Statements
 from core.payloads import seal_json
 from core.runtime import Store
 from core.states import RunState, StepState, Transition
@@ -82,17 +84,59 @@ class Prepared:
         )
 
 
-def sealed_columns(
-    keyring: Keyring, namespace: str, run_id: str, values: Mapping[str, Any]
-) -> tuple[list[str], list[int], list[bytes], list[bytes]]:
-    """``values`` (purpose -> value) sealed, as the parallel arrays ``step_settle`` takes."""
-    sealed = [seal_json(keyring, namespace, run_id, p, v) for p, v in values.items()]
-    return (
-        list(values),
-        [x.key_version for x in sealed],
-        [x.nonce for x in sealed],
-        [x.ciphertext for x in sealed],
-    )
+@dataclass(frozen=True)
+class SettleArguments:
+    """``dispatcher_step_settle``'s arguments after run, step and owner, the payloads sealed
+    (once: a retried settle reuses them)."""
+
+    state: str
+    effect: str | None
+    purposes: list[str]
+    key_versions: list[int]
+    nonces: list[bytes]
+    ciphertexts: list[bytes]
+    passed_ids: list[str]
+    passed_types: list[str]
+    next_step: str | None
+    next_type: str | None
+    run_state: str | None
+    outcome: str | None
+    failure_kind: str | None
+    failure_path: str | None
+
+    async def write(
+        self,
+        conn: asyncpg.Connection,
+        queries: Statements,
+        *,
+        run_id: str,
+        step_id: str,
+        owner: str,
+    ) -> Record:
+        """Settle step ``step_id`` of ``run_id``, leased to ``owner``, as these arguments say
+        (``dispatcher_step_settle``); answers its row (outcome, run_state)."""
+        row = await queries.dispatcher_step_settle(
+            conn,
+            run_id=run_id,
+            step_id=step_id,
+            owner=owner,
+            state=self.state,
+            effect=self.effect,
+            purposes=self.purposes,
+            key_versions=self.key_versions,
+            nonces=self.nonces,
+            ciphertexts=self.ciphertexts,
+            passed_ids=self.passed_ids,
+            passed_types=self.passed_types,
+            next_step=self.next_step,
+            next_type=self.next_type,
+            run_state=self.run_state,
+            outcome=self.outcome,
+            failure_kind=self.failure_kind,
+            failure_path=self.failure_path,
+        )
+        assert row is not None  # step_settle answers one row
+        return row
 
 
 @dataclass(frozen=True)
@@ -144,23 +188,27 @@ class Settlement:
         """The step ends ``state`` and the run fails with ``failure``."""
         return cls(state, effect, keep or {}, None, RunState.FAILED, failure=failure)
 
-    def arguments(self, keyring: Keyring, namespace: str, run_id: str) -> tuple[object, ...]:
+    def arguments(self, keyring: Keyring, namespace: str, run_id: str) -> SettleArguments:
         """``dispatcher_step_settle``'s arguments after run, step and owner, the payloads
         sealed (once: a retried settle reuses them)."""
         way = self.way
         failure = self.failure
-        return (
-            self.state,
-            self.effect,
-            *sealed_columns(keyring, namespace, run_id, self.keep),
-            [] if way is None else way.step_ids,
-            [] if way is None else way.step_types,
-            None if way is None else way.next_step,
-            None if way is None else way.next_kind,
-            self.run_state,
-            self.outcome,
-            None if failure is None else failure.kind,
-            None if failure is None else failure.path,
+        sealed = [seal_json(keyring, namespace, run_id, p, v) for p, v in self.keep.items()]
+        return SettleArguments(
+            state=self.state,
+            effect=self.effect,
+            purposes=list(self.keep),
+            key_versions=[x.key_version for x in sealed],
+            nonces=[x.nonce for x in sealed],
+            ciphertexts=[x.ciphertext for x in sealed],
+            passed_ids=[] if way is None else way.step_ids,
+            passed_types=[] if way is None else way.step_types,
+            next_step=None if way is None else way.next_step,
+            next_type=None if way is None else way.next_kind,
+            run_state=self.run_state,
+            outcome=self.outcome,
+            failure_kind=None if failure is None else failure.kind,
+            failure_path=None if failure is None else failure.path,
         )
 
     def describe(self, outcome: Transition) -> str:
@@ -239,12 +287,13 @@ class Tx:
 
     async def settle(self, settlement: Settlement) -> Transition:
         """End this step as ``settlement`` says, in this transaction (``step_settle``)."""
-        row = await self._conn.fetchrow(
-            self._queries["dispatcher_step_settle"],
-            self._run_id,
-            self._step_id,
-            self._owner,
-            *settlement.arguments(self._keyring, self._namespace, self._run_id),
+        arguments = settlement.arguments(self._keyring, self._namespace, self._run_id)
+        row = await arguments.write(
+            self._conn,
+            self._queries,
+            run_id=self._run_id,
+            step_id=self._step_id,
+            owner=self._owner,
         )
         outcome = Transition(row["outcome"])
         self._changed("%s", settlement.describe(outcome))
@@ -268,8 +317,8 @@ class Tx:
             return True
         if self.deadline_at is not None and (self.deadline_at - self.now).total_seconds() <= delay:
             return False
-        await self._conn.fetchrow(
-            self._queries["dispatcher_step_retry"], self._run_id, self._step_id, delay
+        await self._queries.dispatcher_step_retry(
+            self._conn, run_id=self._run_id, step_id=self._step_id, delay=delay
         )
         self._changed("ready again in %.0f s", delay)
         return True
@@ -282,14 +331,18 @@ class Tx:
         if self.abandoned:
             await self.cancel()
             return
-        await self._conn.execute(
-            self._queries["dispatcher_step_wait"], self._run_id, self._step_id, due_at, timeout_at
+        await self._queries.dispatcher_step_wait(
+            self._conn,
+            run_id=self._run_id,
+            step_id=self._step_id,
+            due_at=due_at,
+            timeout_at=timeout_at,
         )
         self._changed(StepState.WAITING)
         await self._run_progress(RunState.WAITING)
 
     async def _run_progress(self, state: str) -> None:
-        await self._conn.execute(self._queries["dispatcher_run_progress"], self._run_id, state)
+        await self._queries.dispatcher_run_progress(self._conn, run_id=self._run_id, state=state)
 
     # ------------------------------------------------------------------------ call
 
@@ -303,20 +356,20 @@ class Tx:
             raise ValueError(f"not a cause of an uncertain step: {cause!r}")
         if cause_status is not None and cause != "status-5xx":
             raise ValueError("a cause status goes with status-5xx only")
-        await self._conn.execute(
-            self._queries["dispatcher_step_uncertain"],
-            self._run_id,
-            self._step_id,
-            cause,
-            cause_status,
+        await self._queries.dispatcher_step_uncertain(
+            self._conn,
+            run_id=self._run_id,
+            step_id=self._step_id,
+            cause=cause,
+            cause_status=cause_status,
         )
         self._changed("uncertain (%s); the run is held for an operator", cause)
-        await self._conn.execute(self._queries["dispatcher_run_hold"], self._run_id)
+        await self._queries.dispatcher_run_hold(self._conn, run_id=self._run_id)
         # The run keeps its attention (the step stays unknown), even once it is cancelled.
         if not self.abandoned or self.cancel_seq is not None or self.run_ended:
             return
-        if await self._conn.fetchval(
-            self._queries["dispatcher_run_close_cancelled"], self._run_id, self._step_id
+        if await self._queries.dispatcher_run_close_cancelled(
+            self._conn, run_id=self._run_id, step_id=self._step_id
         ):
             self._changed("the cancelled run ended: nothing of it is live")
             self.run_ended = True
@@ -327,13 +380,13 @@ class Tx:
         """Before a read: the step waits, found by the digest ``match``, times out at
         ``timeout_at`` (kept when one is set already) and is checked again ``delay``
         seconds from now (``waits_plan_check``)."""
-        await self._conn.fetchrow(
-            self._queries["waits_plan_check"],
-            self._run_id,
-            self._step_id,
-            match,
-            timeout_at,
-            delay,
+        await self._queries.waits_plan_check(
+            self._conn,
+            run_id=self._run_id,
+            step_id=self._step_id,
+            match=match,
+            timeout_at=timeout_at,
+            delay=delay,
         )
 
     async def mark_run_waiting(self) -> None:
@@ -343,12 +396,14 @@ class Tx:
 
     async def count_last_check(self) -> None:
         """Count the read that ends the wait; no further check is planned."""
-        await self._conn.execute(self._queries["waits_last_check"], self._run_id, self._step_id)
+        await self._queries.waits_last_check(self._conn, run_id=self._run_id, step_id=self._step_id)
 
     async def schedule_check(self) -> None:
         """Count a read that ended nothing; due at the planned check or the timeout, unleased."""
-        await self._conn.fetchrow(self._queries["waits_schedule"], self._run_id, self._step_id)
+        await self._queries.waits_schedule(self._conn, run_id=self._run_id, step_id=self._step_id)
 
     async def set_attention(self, attention: bool) -> None:
         """Set the waiting run's attention (``waits_run_attention`` says when it sticks)."""
-        await self._conn.fetchrow(self._queries["waits_run_attention"], self._run_id, attention)
+        await self._queries.waits_run_attention(
+            self._conn, run_id=self._run_id, attention=attention
+        )

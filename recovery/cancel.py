@@ -55,14 +55,14 @@ async def cancel(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:
         workflow = await env.workflows.get(conn, queries, run.package_digest)
 
     async def write(conn: asyncpg.Connection) -> dict[str, Any]:
-        locked = await conn.fetchrow(queries["recovery_run_lock"], run_id)
+        locked = await queries.recovery_run_lock(conn, run_id=run_id)
         assert locked is not None  # run rows are never deleted
         if locked["ended"]:
             raise _ended()
         if locked["cancelling"]:
             # Already on its way out. Should nothing be left to work on (the dispatcher
             # settled the last held step without ending the run), end it now.
-            ended = await conn.fetchval(queries["recovery_run_cancel_end"], run_id)
+            ended = await queries.recovery_run_cancel_end(conn, run_id=run_id)
             result = "cancelled" if ended else "cancelling"
         else:
             result = await _begin(conn, env, workflow, run_id)
@@ -77,20 +77,20 @@ async def _begin(
     conn: asyncpg.Connection, env: RecoveryEnv, workflow: Workflow, run_id: str
 ) -> str:
     queries = env.store.queries
-    await conn.fetch(queries["recovery_steps_cancel"], run_id)
+    await queries.recovery_steps_cancel(conn, run_id=run_id)
     cancel_seq = None
     if workflow.on_cancel is not None:
         # None when the run already reached a step of that name (an onCancel step that is
         # also on the ordinary path): the path cannot be entered twice, so the run simply
         # stops, as without one.
-        cancel_seq = await conn.fetchval(
-            queries["recovery_cancel_path_insert"],
-            run_id,
-            workflow.on_cancel,
-            step_kind(workflow.step(workflow.on_cancel)),
+        cancel_seq = await queries.recovery_cancel_path_insert(
+            conn,
+            run_id=run_id,
+            step_id=workflow.on_cancel,
+            step_type=step_kind(workflow.step(workflow.on_cancel)),
         )
-    await conn.execute(queries["recovery_run_cancelling"], run_id, cancel_seq)
+    await queries.recovery_run_cancelling(conn, run_id=run_id, cancel_seq=cancel_seq)
     if cancel_seq is not None:
         return "cancelling"
-    ended = await conn.fetchval(queries["recovery_run_cancel_end"], run_id)
+    ended = await queries.recovery_run_cancel_end(conn, run_id=run_id)
     return "cancelled" if ended else "cancelling"

@@ -28,7 +28,7 @@ import asyncpg
 
 from core.clock import timestamp
 from core.codes import Code
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.payloads import transaction
 from recovery.env import RecoveryEnv
@@ -38,8 +38,8 @@ def _holds(execution: bool, admission: bool) -> dict[str, bool]:
     return {"execution": execution, "admission": admission}
 
 
-async def _lock_holds(conn: asyncpg.Connection, q: Queries) -> asyncpg.Record:
-    row = await conn.fetchrow(q["recovery_hold_lock"])
+async def _lock_holds(conn: asyncpg.Connection, q: Statements) -> asyncpg.Record:
+    row = await q.recovery_hold_lock(conn)
     if row is None:
         raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
     return row
@@ -49,8 +49,8 @@ def _hold_required(detail: str) -> CoordinatorError:
     return CoordinatorError(Code.RESTORE_HOLD_REQUIRED, detail)
 
 
-async def _log(conn: asyncpg.Connection, q: Queries, kind: str, reference: str) -> None:
-    await conn.execute(q["recovery_operator_log"], None, kind, reference)
+async def _log(conn: asyncpg.Connection, q: Statements, kind: str, reference: str) -> None:
+    await q.recovery_operator_log(conn, run_id=None, kind=kind, reason=reference)
 
 
 async def restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
@@ -58,11 +58,13 @@ async def restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
     q = env.store.queries
     async with transaction(env.store) as conn:
         await _lock_holds(conn, q)
-        epoch = int(await conn.fetchval(q["recovery_hold_raise"], reason))
+        raised = await q.recovery_hold_raise(conn, reason=reason)
+        assert raised is not None  # _lock_holds found the hold row
+        epoch = int(raised)
         # The snapshot first: a leased call step must be found while it still shows its
         # lease; recovery_leases_drop then frees the leases of every other kind of step.
-        snapshot = await conn.fetchrow(q["recovery_snapshot_take"], epoch)
-        await conn.fetchval(q["recovery_leases_drop"])
+        snapshot = await q.recovery_snapshot_take(conn, epoch=epoch)
+        await q.recovery_leases_drop(conn)
         await _log(conn, q, "restore-hold", reason)
     assert snapshot is not None  # an aggregate always answers one row
     return {
@@ -80,7 +82,7 @@ async def complete_execution_recovery(env: RecoveryEnv, reference: str) -> dict[
         if not hold["execution_hold"]:
             raise _hold_required("the execution hold is not set; there is nothing to recover")
         epoch = int(hold["epoch"])
-        recovered_at = await conn.fetchval(q["recovery_execution_recovered"], epoch, reference)
+        recovered_at = await q.recovery_execution_recovered(conn, epoch=epoch, reference=reference)
         if recovered_at is None:
             # Only restore-hold opens a recovery record; a hold set any other way has none
             # to attest to, and a new restore-hold is the way forward.
@@ -101,20 +103,20 @@ async def release_restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
         if not hold["execution_hold"]:
             raise _hold_required("the execution hold is not set")
         epoch = int(hold["epoch"])
-        unresolved = int(await conn.fetchval(q["recovery_snapshot_unresolved"], epoch))
+        unresolved = int(await q.recovery_snapshot_unresolved(conn, epoch=epoch))
         if unresolved:
             raise CoordinatorError(
                 Code.RESTORE_UNRESOLVED,
                 f"{unresolved} snapshotted step(s) are still uncertain; reconcile, cancel or "
                 "leave each for retry-same before releasing",
             )
-        record = await conn.fetchrow(q["recovery_record_read"], epoch)
+        record = await q.recovery_record_read(conn, epoch=epoch)
         if record is None or record["execution_recovered_at"] is None:
             raise CoordinatorError(
                 Code.RESTORE_REVIEW_REQUIRED,
                 "complete-execution-recovery has not been recorded for this hold",
             )
-        await conn.execute(q["recovery_execution_release"], epoch, reason)
+        await q.recovery_execution_release(conn, epoch=epoch, reason=reason)
         await _log(conn, q, "release-restore-hold", reason)
     return {"holds": _holds(False, bool(hold["admission_hold"])), "epoch": epoch}
 
@@ -126,6 +128,6 @@ async def release_admission_hold(env: RecoveryEnv, reference: str) -> dict[str, 
         hold = await _lock_holds(conn, q)
         if hold["execution_hold"]:
             raise _hold_required("release-restore-hold must lift the execution hold first")
-        await conn.execute(q["recovery_admission_release"], reference)
+        await q.recovery_admission_release(conn, reference=reference)
         await _log(conn, q, "release-admission-hold", reference)
     return {"holds": _holds(False, False), "epoch": int(hold["epoch"])}

@@ -19,7 +19,7 @@ import asyncpg
 from core import clock
 from core.bindings import run_conflicts
 from core.codes import Code
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.metrics import gauge, render
 from core.runs import (
@@ -56,7 +56,7 @@ class Owner:
 async def run_owner(store: Store, run_id: str) -> Owner | None:
     """The owner of ``run_id``, or ``None`` when there is no such run."""
     async with store.connection() as conn:
-        row = await conn.fetchrow(store.queries["recovery_run_owner"], run_id)
+        row = await store.queries.recovery_run_owner(conn, run_id=run_id)
     if row is None:
         return None
     return Owner(row["workflow_id"], row["principal_iss"], row["principal_sub"])
@@ -82,9 +82,11 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         run = await read_run(conn, q, run_id)
         if run is None:
             raise _not_found()
-        step_rows = await conn.fetch(q["run_steps"], run_id)
-        hold = await conn.fetchrow(q["recovery_holds"])
-        actions = await conn.fetch(q["recovery_operator_actions"], run_id, OPERATOR_ACTIONS_SHOWN)
+        step_rows = await q.run_steps(conn, run_id=run_id)
+        hold = await q.recovery_holds(conn)
+        actions = await q.recovery_operator_actions(
+            conn, run_id=run_id, limit=OPERATOR_ACTIONS_SHOWN
+        )
         conflicts = await run_conflicts(conn, q, store.runtime.config, run_id)
     holds = (
         Holds(bool(hold["execution_hold"]), bool(hold["admission_hold"]))
@@ -183,17 +185,17 @@ async def list_runs(store: Store, wanted: ListFilter) -> dict[str, Any]:
     iss, sub = wanted.principal if wanted.principal is not None else (None, None)
     after = wanted.cursor
     async with store.connection() as conn:
-        rows = await conn.fetch(
-            store.queries["recovery_run_list"],
-            list(wanted.workflows),
-            wanted.attention,
-            wanted.state,
-            iss,
-            sub,
-            after.created_at if after else None,
-            after.run_id if after else None,
+        rows = await store.queries.recovery_run_list(
+            conn,
+            workflow_ids=list(wanted.workflows),
+            attention=wanted.attention,
+            state=wanted.state,
+            principal_iss=iss,
+            principal_sub=sub,
+            after_created_at=after.created_at if after else None,
+            after_run_id=after.run_id if after else None,
             # One more than asked tells whether another page exists.
-            wanted.limit + 1,
+            limit=wanted.limit + 1,
         )
     runs = [RunRecord.from_row(row) for row in rows[: wanted.limit]]
     next_cursor = None
@@ -211,15 +213,15 @@ COUNTED_EXACTLY: Final = 10_000
 PostgreSQL's estimate from the table's statistics (never less than this)."""
 
 
-async def run_counts(conn: asyncpg.Connection, q: Queries) -> dict[str, int]:
+async def run_counts(conn: asyncpg.Connection, q: Statements) -> dict[str, int]:
     """Runs per state, exact up to :data:`COUNTED_EXACTLY` and estimated past it, so that
     doctor and the metrics cost the same at a million runs as at ten."""
-    row = await conn.fetchrow(q["recovery_run_state_counts"], COUNTED_EXACTLY + 1)
+    row = await q.recovery_run_state_counts(conn, counted_up_to=COUNTED_EXACTLY + 1)
     assert row is not None
     counts: dict[str, int] = {state: int(row[state]) for state in RUN_STATES}
     over = [state for state, count in counts.items() if count > COUNTED_EXACTLY]
     if over:
-        estimates = await conn.fetchrow(q["recovery_run_state_estimates"])
+        estimates = await q.recovery_run_state_estimates(conn)
         frequency: dict[str, float] = {}
         if estimates is not None and estimates["states"] is not None:
             frequency = dict(zip(estimates["states"], estimates["frequencies"], strict=True))
@@ -234,10 +236,10 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
     q = store.queries
     async with store.connection() as conn, conn.transaction(readonly=True):
         await clock.apply_to(conn)  # dueJobs compares with SQL now()
-        row = await conn.fetchrow(q["recovery_doctor"])
+        row = await q.recovery_doctor(conn)
         runs = await run_counts(conn, q)
-        versions = [int(r["version"]) for r in await conn.fetch(q["state_key_versions_in_use"])]
-        refusals = await conn.fetch(q["recovery_token_refusals"])
+        versions = [int(r["version"]) for r in await q.state_key_versions_in_use(conn)]
+        refusals = await q.recovery_token_refusals(conn)
     if row is None:
         raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "the namespace records no deployment")
     activation = store.activation
@@ -278,7 +280,7 @@ async def metrics_text(store: Store) -> str:
     try:
         async with store.connection() as conn, conn.transaction(readonly=True):
             await clock.apply_to(conn)
-            row = await conn.fetchrow(q["recovery_doctor"])
+            row = await q.recovery_doctor(conn)
             counts = await run_counts(conn, q)
     except CoordinatorError:
         row = None

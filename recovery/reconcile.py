@@ -100,8 +100,8 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         if step is None:
             raise CoordinatorError(Code.RECONCILE_REFUSED, "the run has no uncertain call")
         call = await held_call(conn, env, run, step)
-        binding_row = await conn.fetchrow(
-            queries["recovery_binding_read"], run_id, call.definition.connection
+        binding_row = await queries.recovery_binding_read(
+            conn, run_id=run_id, connection=call.definition.connection
         )
     if not call.operation.has_receipts:
         await _leave_for_retry(env, run_id, step.step_id)
@@ -131,12 +131,12 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         )
 
     async def settle(conn: asyncpg.Connection) -> dict[str, Any]:
-        locked = await conn.fetchrow(queries["recovery_step_lock"], run_id, step.step_id)
+        locked = await queries.recovery_step_lock(conn, run_id=run_id, step_id=step.step_id)
         if not step.unchanged(locked):
             raise CoordinatorError(
                 Code.RECONCILE_RACED, "the step changed while the receipt was read; look again"
             )
-        run_row = await conn.fetchrow(queries["recovery_run_lock"], run_id)
+        run_row = await queries.recovery_run_lock(conn, run_id=run_id)
         assert run_row is not None  # run rows are never deleted
         leads_on = not run_row["ended"] and not abandoned(
             bool(run_row["cancelling"]), run_row["cancel_seq"], step.seq
@@ -158,22 +158,22 @@ async def _keep(
     conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, step_id: str, purpose: str, value: Any
 ) -> None:
     sealed = seal_json(env.keyring, env.namespace, run_id, purpose, value)
-    await conn.fetchval(
-        env.store.queries["recovery_payload_insert"],
-        run_id,
-        step_id,
-        purpose,
-        sealed.key_version,
-        sealed.nonce,
-        sealed.ciphertext,
+    await env.store.queries.recovery_payload_insert(
+        conn,
+        run_id=run_id,
+        step_id=step_id,
+        purpose=purpose,
+        key_version=sealed.key_version,
+        nonce=sealed.nonce,
+        ciphertext=sealed.ciphertext,
     )
 
 
 async def _settled_aside(conn: asyncpg.Connection, env: RecoveryEnv, run_id: str) -> None:
     """After settling a step the run does not go on from: recompute its attention, and end
     a cancelling run without an onCancel path once nothing of it is left to work on."""
-    await conn.execute(env.store.queries["recovery_run_attention"], run_id)
-    await conn.fetchval(env.store.queries["recovery_run_cancel_end"], run_id)
+    await env.store.queries.recovery_run_attention(conn, run_id=run_id)
+    await env.store.queries.recovery_run_cancel_end(conn, run_id=run_id)
 
 
 async def _accepted(
@@ -194,38 +194,38 @@ async def _accepted(
         env.namespace,
         run_id,
         run_row["created_at"],
-        await conn.fetch(queries["recovery_scope_payloads"], run_id),
+        await queries.recovery_scope_payloads(conn, run_id=run_id),
     )
     mapped = map_output(call.operation, call.definition.output, scope, receipt)
     if not mapped.ok:
-        await conn.execute(
-            queries["recovery_step_end"], run_id, step_id, StepState.FAILED, Effect.ACCEPTED
+        await queries.recovery_step_end(
+            conn, run_id=run_id, step_id=step_id, state=StepState.FAILED, effect=Effect.ACCEPTED
         )
         if leads_on:
-            await conn.fetchval(
-                queries["recovery_run_end"],
-                run_id,
-                RunState.FAILED,
-                "mapping-invalid",
-                mapped.failure_path,
-                step_id,
+            await queries.recovery_run_end(
+                conn,
+                run_id=run_id,
+                state=RunState.FAILED,
+                failure_kind="mapping-invalid",
+                failure_path=mapped.failure_path,
+                failure_step=step_id,
             )
         else:
             await _settled_aside(conn, env, run_id)
         return "mapping-invalid"
     await _keep(conn, env, run_id, step_id, "output", mapped.value)
-    await conn.execute(
-        queries["recovery_step_end"], run_id, step_id, StepState.COMPLETED, Effect.ACCEPTED
+    await queries.recovery_step_end(
+        conn, run_id=run_id, step_id=step_id, state=StepState.COMPLETED, effect=Effect.ACCEPTED
     )
     if leads_on:
         following = call.definition.next
-        await conn.fetchval(
-            queries["recovery_step_insert_next"],
-            run_id,
-            following,
-            step_kind(call.workflow.step(following)),
+        await queries.recovery_step_insert_next(
+            conn,
+            run_id=run_id,
+            step_id=following,
+            step_type=step_kind(call.workflow.step(following)),
         )
-        await conn.execute(queries["recovery_run_continue"], run_id)
+        await queries.recovery_run_continue(conn, run_id=run_id)
     else:
         await _settled_aside(conn, env, run_id)
     return "accepted"
@@ -237,10 +237,12 @@ async def _not_sent(
     queries = env.store.queries
     if leads_on:
         # Still held, with attention: an operator retries the same command or cancels.
-        await conn.execute(queries["recovery_step_not_sent"], run_id, step_id)
-        await conn.execute(queries["recovery_run_attention"], run_id)
+        await queries.recovery_step_not_sent(conn, run_id=run_id, step_id=step_id)
+        await queries.recovery_run_attention(conn, run_id=run_id)
     else:
         # A cancel would have ended a not-sent step; no one is to resend it now.
-        await conn.execute(queries["recovery_step_end"], run_id, step_id, StepState.CANCELLED, None)
+        await queries.recovery_step_end(
+            conn, run_id=run_id, step_id=step_id, state=StepState.CANCELLED, effect=None
+        )
         await _settled_aside(conn, env, run_id)
     return "not-sent"

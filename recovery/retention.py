@@ -35,13 +35,13 @@ async def retain(
     run answers the ids it would erase and erases nothing."""
     q = env.store.queries
     async with transaction(env.store) as conn:
-        if await conn.fetchval(q["recovery_retain_check"], before):
+        if await q.recovery_retain_check(conn, before=before):
             raise CoordinatorError(Code.REQUEST_INVALID, "/before: the cutoff is later than now")
         if dry_run:
-            rows = await conn.fetch(q["recovery_retain_preview"], before, limit)
+            rows = await q.recovery_retain_preview(conn, before=before, limit=limit)
             run_ids = [str(row["id"]) for row in rows]
             return {"dryRun": True, "erased": 0, "wouldErase": len(run_ids), "runIds": run_ids}
-        rows = await conn.fetch(q["recovery_retain"], before, limit)
-        await conn.execute(q["recovery_operator_log"], None, "retain", None)
+        rows = await q.recovery_retain(conn, before=before, limit=limit)
+        await q.recovery_operator_log(conn, run_id=None, kind="retain", reason=None)
     run_ids = [str(row["id"]) for row in rows]
     return {"erased": len(run_ids), "runIds": run_ids}

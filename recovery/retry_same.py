@@ -118,21 +118,22 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
         raise _refused("the step's deadline passed")
 
     async def make_ready(conn: asyncpg.Connection) -> int:
-        if await conn.fetchval(queries["recovery_hold_share"]):
+        if await queries.recovery_hold_share(conn):
             raise CoordinatorError(
                 Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
             )
-        locked = await conn.fetchrow(queries["recovery_step_lock"], run_id, step.step_id)
+        locked = await queries.recovery_step_lock(conn, run_id=run_id, step_id=step.step_id)
         if not step.unchanged(locked):
             raise _refused("the step changed meanwhile; look again")
-        run_row = await conn.fetchrow(queries["recovery_run_lock"], run_id)
+        run_row = await queries.recovery_run_lock(conn, run_id=run_id)
         assert run_row is not None  # run rows are never deleted
         if run_row["ended"]:
             raise _refused("the run has ended")
         if abandoned(bool(run_row["cancelling"]), run_row["cancel_seq"], step.seq):
             raise _refused("the run is being cancelled; its held call is no longer wanted")
-        attempts = await conn.fetchval(queries["recovery_step_retry_same"], run_id, step.step_id)
-        await conn.execute(queries["recovery_run_continue"], run_id)
+        attempts = await queries.recovery_step_retry_same(conn, run_id=run_id, step_id=step.step_id)
+        assert attempts is not None  # the step is locked: its row is there
+        await queries.recovery_run_continue(conn, run_id=run_id)
         await resolve_snapshot(conn, env, run_id, step.step_id, "retry", overwrite=True)
         await log_action(conn, env, run_id, "retry-same", reason)
         return int(attempts)
@@ -164,7 +165,7 @@ async def _verdict(env: RecoveryEnv, run_id: str, step_id: str, attempts: int) -
     for _ in range(_POLLS):
         await sleep(POLL_SECONDS)
         async with env.store.connection() as conn:
-            row = await conn.fetchrow(env.store.queries["recovery_step_poll"], run_id, step_id)
+            row = await env.store.queries.recovery_step_poll(conn, run_id=run_id, step_id=step_id)
         verdict = _judge(row, attempts)
         if verdict is not None:
             return verdict

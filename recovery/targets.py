@@ -145,7 +145,7 @@ async def read_action_run(
     conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, *, refuse_erased: bool
 ) -> ActionRun:
     """The run, after the checks every run action makes first (see the module docstring)."""
-    row = await conn.fetchrow(env.store.queries["recovery_action_run"], run_id)
+    row = await env.store.queries.recovery_action_run(conn, run_id=run_id)
     if row is None:
         raise CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
     run = ActionRun.from_row(row)
@@ -162,7 +162,7 @@ async def read_held_step(
     conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, states: tuple[str, ...]
 ) -> HeldStep | None:
     """The run's newest step in one of ``states``, if there is one."""
-    row = await conn.fetchrow(env.store.queries["recovery_held_step"], run_id, list(states))
+    row = await env.store.queries.recovery_held_step(conn, run_id=run_id, states=list(states))
     return None if row is None else HeldStep.from_row(row)
 
 
@@ -195,8 +195,8 @@ async def resolve_snapshot(
 ) -> None:
     """Record how the operator settled the run's snapshotted steps of the current epoch
     (``step_id`` ``None``: every step of the run)."""
-    await conn.execute(
-        env.store.queries["recovery_snapshot_resolve"], run_id, step_id, resolution, overwrite
+    await env.store.queries.recovery_snapshot_resolve(
+        conn, run_id=run_id, step_id=step_id, resolution=resolution, overwrite=overwrite
     )
 
 
@@ -204,7 +204,9 @@ async def log_action(
     conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, kind: str, reason: str
 ) -> None:
     """The ``operator_action`` row that inspection lists."""
-    await conn.execute(env.store.queries["recovery_operator_action_insert"], run_id, kind, reason)
+    await env.store.queries.recovery_operator_action_insert(
+        conn, run_id=run_id, kind=kind, reason=reason
+    )
 
 
 async def answer(

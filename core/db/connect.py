@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 
 from core.codes import Code
-from core.db.queries import load
+from core.db import statements
 from core.errors import CoordinatorError
 
 ACCEPTED_SSLMODES = ("require", "verify-ca", "verify-full")
@@ -251,15 +251,14 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
 
 def _role_setter(role: str) -> Callable[[asyncpg.Connection], Awaitable[None]]:
     async def set_role(conn: asyncpg.Connection) -> None:
-        await conn.execute(load()["role_set"], role)
+        await statements.role_set(conn, role=role)
 
     return set_role
 
 
 async def server_version_num(conn: asyncpg.Connection) -> int:
     """The server's ``server_version_num`` (e.g. 170010 for 17.10)."""
-    value = await conn.fetchval(load()["server_version_num"])
-    return int(value)
+    return await statements.server_version_num(conn)
 
 
 async def require_server_version(

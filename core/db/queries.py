@@ -18,22 +18,35 @@ Placeholders stand for identifiers, which PostgreSQL cannot take as ``$n`` param
 
 So no query text is ever assembled from unchecked input.
 
-``core/db/query_names.py`` is generated from the files (``scripts/gen_query_names.py``) and
-committed: :data:`~core.db.query_names.QueryName` lets mypy refuse an unknown name, and
-``tests/unit/test_query_calls.py`` checks every call's arguments against
-:data:`~core.db.query_names.PARAMETERS` and :data:`~core.db.query_names.IDENTIFIERS`.
-Callers use the typed wrappers next to their code (for example :mod:`core.db.schema`),
-which name each parameter; nothing outside this module reads the files.
+The header also names and types what the query takes and gives, one line each::
+
+    -- $1 run_id (text): what it is, said briefly
+    -- $2 names (text[], null items)       a list whose items may be NULL
+    -- $3 reason (text, null)              a value that may be NULL
+    -- returns: rows | row | status | value (<type>[, null])
+
+:func:`query_spec` reads those lines and refuses a header that does not match its statement
+(every ``$n`` named once, in order, with a type it knows). From them
+``scripts/gen_query_names.py`` writes two committed modules: ``core/db/query_names.py``
+(the :data:`~core.db.query_names.QueryName` literal type) and ``core/db/statements.py``, one
+``async`` call per query with keyword-only, typed parameters and a typed result: a method of
+:class:`~core.db.statements.Statements` (a :class:`Queries` with the calls; ``store.queries``
+is one) for a query that uses the namespace, a module function for one that does not.
+Product code runs queries only through those calls; ``tests/unit/test_query_calls.py``
+refuses any other way.
 """
 
 from __future__ import annotations
 
+import itertools
+import keyword
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -98,6 +111,131 @@ def identifier_words(sql: str) -> tuple[str, ...]:
     return tuple(sorted(set(_PLACEHOLDERS.findall(sql)) - {"ns"}))
 
 
+# The structured lines of a query's header, read by scripts/gen_query_names.py:
+#   -- $3 step_id (text): what it is         one per parameter, in order
+#   -- $4 names (text[], null items)         a list whose items may be null
+#   -- $5 reason (text, null): ...           a value that may be null
+#   -- returns: rows | row | status | value (bigint[, null])
+_PARAMETER_LINE = re.compile(r"^-- \$([1-9][0-9]*) ([a-z][a-z0-9_]*) \(([^)]*)\)(?::.*)?$")
+_RETURNS_LINE = re.compile(r"^-- returns: (rows|row|status|value \(([^)]*)\))\s*$")
+_RESERVED = frozenset({"conn", "self", "cls"}) | frozenset(keyword.kwlist)
+
+# PostgreSQL type -> the Python type asyncpg takes or gives for it.
+PYTHON_TYPES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "text": "str",
+        "bigint": "int",
+        "integer": "int",
+        "smallint": "int",
+        "boolean": "bool",
+        "bytea": "bytes",
+        "float8": "float",
+        "numeric": "Decimal",
+        "timestamptz": "datetime",
+        "interval": "timedelta",
+        "jsonb": "str",
+        "oid": "int",
+        "name": "str",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SqlType:
+    """A declared type: the PostgreSQL type, whether it is a list, and what may be null."""
+
+    name: str
+    array: bool
+    nullable: bool
+    items_nullable: bool
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> SqlType:
+        """``text[], null items`` and the like; refuses (``ValueError``) an unknown type."""
+        first, *rest = (part.strip() for part in text.split(","))
+        array = first.endswith("[]")
+        base = first.removesuffix("[]")
+        if base not in PYTHON_TYPES:
+            raise ValueError(f"{where}: unknown type {first!r}")
+        items_nullable = any(part.startswith("null items") for part in rest)
+        nullable = any(
+            part.startswith("null") and not part.startswith("null items") for part in rest
+        )
+        if items_nullable and not array:
+            raise ValueError(f"{where}: 'null items' needs a list type")
+        return cls(base, array, nullable, items_nullable)
+
+    def python(self, *, accepting: bool) -> str:
+        """The Python annotation: a list accepted is any ``Sequence``, one given a ``list``."""
+        item = PYTHON_TYPES[self.name] + (" | None" if self.items_nullable else "")
+        text = (f"Sequence[{item}]" if accepting else f"list[{item}]") if self.array else item
+        return text + (" | None" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One ``$n`` of a query, as its header names and types it."""
+
+    number: int
+    name: str
+    type: SqlType
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """What a query's header says: its prose, its parameters and what it returns."""
+
+    name: str
+    doc: str
+    parameters: tuple[Parameter, ...]
+    returns: str
+    """``rows``, ``row``, ``status`` or ``value``."""
+    value_type: SqlType | None
+
+
+def query_spec(name: str, sql: str) -> QuerySpec:
+    """The structured header of query ``name``. Refuses (``ValueError``) a header that is
+    malformed or does not match the statement: a ``returns:`` line, and each ``$1..$n`` the
+    statement uses named once, in order, with a known type."""
+    header = list(itertools.takewhile(lambda line: line.startswith("--"), sql.splitlines()))
+    if not any(line.startswith("-- returns:") for line in header):
+        raise ValueError(f"query {name}: its header has no '-- returns:' line")
+    parameters: list[Parameter] = []
+    prose: list[str] = []
+    returns: str | None = None
+    value_type: SqlType | None = None
+    for line in header:
+        if line.startswith("-- $"):
+            match = _PARAMETER_LINE.match(line)
+            if match is None:
+                raise ValueError(f"query {name}: malformed parameter line {line!r}")
+            number, word, declared = int(match[1]), match[2], match[3]
+            if number != len(parameters) + 1:
+                raise ValueError(f"query {name}: ${number} is out of order")
+            if word in _RESERVED or word in {p.name for p in parameters}:
+                raise ValueError(f"query {name}: parameter name {word!r} is taken")
+            parameters.append(Parameter(number, word, SqlType.parse(declared, f"query {name}")))
+            description = line[match.end(3) + 1 :].removeprefix(":").strip()
+            if description:
+                end = "" if description.endswith((".", ";", "?", "!")) else "."
+                prose.append(f"``{word}``: {description}{end}")
+        elif line.startswith("-- returns:"):
+            match = _RETURNS_LINE.match(line)
+            if match is None or returns is not None:
+                raise ValueError(f"query {name}: malformed or repeated returns line {line!r}")
+            returns = match[1].split(" ")[0]
+            if match[2] is not None:
+                value_type = SqlType.parse(match[2], f"query {name}")
+        else:
+            prose.append(line.removeprefix("--").strip())
+    assert returns is not None  # a returns line is there
+    used = parameter_count(sql)
+    if len(parameters) != used:
+        raise ValueError(f"query {name}: uses {used} parameters, names {len(parameters)}")
+    doc = " ".join(part for part in prose if part)
+    return QuerySpec(name, doc, tuple(parameters), returns, value_type)
+
+
 def parse_query_file(text: str, origin: str) -> dict[str, str]:
     """Split one query file into ``{name: sql}``; refuses duplicate or empty queries."""
     found: dict[str, str] = {}
@@ -133,6 +271,12 @@ def load() -> Mapping[QueryName, str]:
     """Every named query, read once per process (its names are those of ``QueryName``,
     which a drift test keeps equal to the files)."""
     return MappingProxyType(cast("dict[QueryName, str]", read_query_files()))
+
+
+def query_text(name: QueryName) -> str:
+    """The text of query ``name`` as its file holds it, placeholders and all: for code that
+    reads a statement rather than running it (the grants table of core/db/roles.py)."""
+    return load()[name]
 
 
 class Queries:

@@ -25,7 +25,9 @@ from typing import Final
 import asyncpg
 
 from core.codes import Code
-from core.db.queries import Queries, load, namespace_identifier, without_comments
+from core.db import statements
+from core.db.queries import namespace_identifier, query_text, without_comments
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 
 COMPONENTS: Final = ("admission", "dispatcher", "recovery", "audit")
@@ -60,7 +62,7 @@ def _read_grants(sql: str) -> Mapping[str, Mapping[str, tuple[str, ...]]]:
     )
 
 
-GRANTS: Final = _read_grants(load()["grants_reset"])
+GRANTS: Final = _read_grants(query_text("grants_reset"))
 """Component → table → privileges, as the ``grants_reset`` query grants them (read back
 from its text, so this table and what apply grants cannot differ)."""
 
@@ -91,18 +93,18 @@ def component_roles(namespace: str) -> dict[str, str]:
 async def ensure_component_roles(conn: asyncpg.Connection, namespace: str) -> None:
     """Create the missing component roles as NOLOGIN; refuse one that could log in
     with more rights than it should (superuser, BYPASSRLS)."""
-    queries = Queries(namespace)
+    queries = Statements(namespace)
     for role in component_roles(namespace).values():
-        row = await conn.fetchrow(queries["role_attributes"], role)
+        row = await statements.role_attributes(conn, role=role)
         if row is None:
-            await conn.execute(queries.with_identifiers("role_create", role=role))
+            await queries.role_create(conn, role=role)
             continue
         if row["rolsuper"] or row["rolbypassrls"]:
             raise CoordinatorError(
                 Code.DEPLOYMENT_REFUSED, f"component role {role} exists with SUPERUSER or BYPASSRLS"
             )
         if row["rolcanlogin"]:
-            await conn.execute(queries.with_identifiers("role_nologin", role=role))
+            await queries.role_nologin(conn, role=role)
 
 
 async def grant_components(conn: asyncpg.Connection, namespace: str, runtime_role: str) -> None:
@@ -113,15 +115,13 @@ async def grant_components(conn: asyncpg.Connection, namespace: str, runtime_rol
     owner inside apply's transaction.
     """
     roles = component_roles(namespace)
-    await conn.execute(
-        Queries(namespace).with_identifiers(
-            "grants_reset",
-            runtime=runtime_role,
-            admission=roles["admission"],
-            dispatcher=roles["dispatcher"],
-            recovery=roles["recovery"],
-            audit=roles["audit"],
-        )
+    await Statements(namespace).grants_reset(
+        conn,
+        runtime=runtime_role,
+        admission=roles["admission"],
+        dispatcher=roles["dispatcher"],
+        recovery=roles["recovery"],
+        audit=roles["audit"],
     )
 
 
@@ -137,8 +137,7 @@ async def check_runtime_role_attributes(
 ) -> None:
     """The checks that need no schema: the role exists and is not a superuser, has no
     BYPASSRLS, is not the migration role and is not a member of it."""
-    q = load()
-    row = await conn.fetchrow(q["role_attributes"], runtime_role)
+    row = await statements.role_attributes(conn, role=runtime_role)
     if row is None:
         raise _refuse(f"role {runtime_role} does not exist")
     if row["rolsuper"]:
@@ -149,7 +148,7 @@ async def check_runtime_role_attributes(
         return
     if runtime_role == migration_role:
         raise _refuse(f"{runtime_role} is the migration role")
-    member = await conn.fetchval(q["role_is_member"], runtime_role, migration_role)
+    member = await statements.role_is_member(conn, member=runtime_role, role=migration_role)
     if member:
         raise _refuse(f"{runtime_role} is a member of the migration role {migration_role}")
 
@@ -160,8 +159,7 @@ async def check_runtime_role_schema(
     """The checks against an existing schema: the role neither owns it nor belongs to its
     owner, cannot CREATE in it, and (with ``table_privileges``) holds no table privilege
     there itself. Apply skips the last before it resets the grants, which removes them."""
-    q = load()
-    row = await conn.fetchrow(q["role_schema_rights"], runtime_role, namespace)
+    row = await statements.role_schema_rights(conn, role=runtime_role, namespace=namespace)
     if row is None:
         return
     if row["owns"]:
@@ -183,10 +181,9 @@ async def check_component_membership(
     conn: asyncpg.Connection, runtime_role: str, namespace: str, components: Sequence[str]
 ) -> None:
     """Refuse when the runtime role may not SET ROLE to one of ``components``' roles."""
-    q = load()
     for component in components:
         role = component_role(namespace, component)
-        may_set = await conn.fetchval(q["role_may_set"], runtime_role, role)
+        may_set = await statements.role_may_set(conn, member=runtime_role, role=role)
         if not may_set:
             raise _refuse(f"{runtime_role} may not act as {role}; run apply with this role")
 
@@ -201,7 +198,7 @@ async def verify_runtime_role(
     ``deployment.runtimeRole``. With ``namespace``, the checks that need the schema run too;
     the schema's owner (the migration role) stands in for the migration role there.
     """
-    session_user = await conn.fetchval(load()["session_user_name"])
+    session_user = await statements.session_user_name(conn)
     if session_user != expected_role:
         raise _refuse(
             f"the runtime URL logs in as {session_user}, "
@@ -210,7 +207,7 @@ async def verify_runtime_role(
     await check_runtime_role_attributes(conn, expected_role, None)
     if namespace is None:
         return
-    info = await conn.fetchrow(load()["namespace_info"], namespace)
+    info = await statements.namespace_info(conn, namespace=namespace)
     if info is None:
         return
     await check_runtime_role_schema(conn, expected_role, namespace)
@@ -221,7 +218,7 @@ async def set_component_role(conn: asyncpg.Connection, namespace: str, component
     """``SET ROLE`` to ``component``'s role; refuse when the runtime role was not granted it."""
     role = component_role(namespace, component)
     try:
-        await conn.execute(load()["role_set"], role)
+        await statements.role_set(conn, role=role)
     except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedObjectError):
         raise _refuse(f"may not act as {role}; run apply with this runtime role") from None
 

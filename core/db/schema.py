@@ -21,7 +21,9 @@ from typing import Final
 import asyncpg
 
 from core.codes import Code
-from core.db.queries import PLACEHOLDER, Queries, load, render
+from core.db import statements
+from core.db.queries import PLACEHOLDER, render
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 
 SCHEMA_VERSION: Final = 4
@@ -73,7 +75,7 @@ class NamespaceState:
 
 async def inspect_namespace(conn: asyncpg.Connection, namespace: str) -> NamespaceState:
     """Look the namespace up in the catalog (any role may)."""
-    row = await conn.fetchrow(load()["namespace_info"], namespace)
+    row = await statements.namespace_info(conn, namespace=namespace)
     if row is None:
         return NamespaceState(False, None, False, False)
     return NamespaceState(True, row["owner"], row["has_objects"], row["has_version_table"])
@@ -90,7 +92,7 @@ def refuse_unknown_layout(namespace: str) -> CoordinatorError:
 
 async def read_version(conn: asyncpg.Connection, namespace: str) -> int:
     """The version recorded in the namespace (needs SELECT on ``schema_version``)."""
-    version = await conn.fetchval(Queries(namespace)["schema_version_read"])
+    version = await Statements(namespace).schema_version_read(conn)
     if version is None:
         raise refuse_unknown_layout(namespace)
     return int(version)
@@ -116,7 +118,7 @@ def require_version(namespace: str, version: int) -> None:
 async def install(conn: asyncpg.Connection, namespace: str) -> None:
     """Create the schema if missing and install version 4 in it (in the caller's
     transaction; the connected role becomes the owner of everything)."""
-    await conn.execute(Queries(namespace)["schema_create"])
+    await Statements(namespace).schema_create(conn)
     await conn.execute(render_schema(namespace))
     await conn.execute(render_transitions(namespace))
 
@@ -124,7 +126,7 @@ async def install(conn: asyncpg.Connection, namespace: str) -> None:
 async def catalog_dump(conn: asyncpg.Connection, namespace: str) -> set[tuple[str, str, str]]:
     """Every object of ``namespace`` as (kind, name, definition), with the namespace's own
     name replaced by the placeholder so two namespaces can be compared."""
-    rows = await conn.fetch(load()["catalog_dump"], namespace)
+    rows = await statements.catalog_dump(conn, namespace=namespace)
     own_name = re.compile(r'(?<![A-Za-z0-9_"])"?' + re.escape(namespace) + r'"?(?![A-Za-z0-9_])')
     return {
         (row["kind"], row["name"], own_name.sub(PLACEHOLDER, row["definition"] or ""))
@@ -186,7 +188,7 @@ async def ensure_schema(conn: asyncpg.Connection, namespace: str) -> bool:
     schema owned by another role, and drift (``deployment.refused``).
     """
     state = await inspect_namespace(conn, namespace)
-    me = await conn.fetchval(load()["current_user_name"])
+    me = await statements.current_user_name(conn)
     if state.exists and state.owner != me:
         raise CoordinatorError(
             Code.DEPLOYMENT_REFUSED,

@@ -13,9 +13,9 @@ import asyncpg
 
 from core.codes import Code
 from core.config.model import CheckedDeployment
-from core.db.queries import Queries
 from core.db.roles import verify_runtime_role
 from core.db.schema import inspect_namespace, read_version, refuse_unknown_layout, require_version
+from core.db.statements import Statements
 from core.deploy.custody import check_custody, configured_keys, read_records
 from core.deploy.model import Activation, ActivePackage
 from core.errors import CoordinatorError
@@ -23,7 +23,7 @@ from core.keys import resolver_for
 from core.secrets import SecretResolver
 
 
-async def read_active(conn: asyncpg.Connection, queries: Queries) -> dict[str, ActivePackage]:
+async def read_active(conn: asyncpg.Connection, queries: Statements) -> dict[str, ActivePackage]:
     """The active package of every workflow, ordered by id."""
     return {
         row["workflow_id"]: ActivePackage(
@@ -34,7 +34,7 @@ async def read_active(conn: asyncpg.Connection, queries: Queries) -> dict[str, A
             source_bytes=bytes(row["source"]),
             activated_serial=int(row["activated_serial"]),
         )
-        for row in await conn.fetch(queries["activation_list"])
+        for row in await queries.activation_list(conn)
     }
 
 
@@ -96,12 +96,12 @@ async def verify_activation(
     """
     config = checked.config
     namespace = config.namespace
-    queries = Queries(namespace)
+    queries = Statements(namespace)
     await require_installed(conn, namespace)
     await verify_runtime_role(conn, config.deployment.runtime_role, namespace)
     version = await read_version(conn, namespace)
     require_version(namespace, version)
-    identity = await conn.fetchrow(queries["deployment_read"])
+    identity = await queries.deployment_read(conn)
     if identity is None:
         raise CoordinatorError(
             Code.DEPLOYMENT_REFUSED, f"namespace {namespace} records no databaseId; run apply"

@@ -14,8 +14,8 @@ import asyncpg
 
 from core.codes import Code
 from core.config.model import CheckedDeployment
+from core.db import statements
 from core.db.connect import require_server_version
-from core.db.queries import Queries
 from core.db.roles import (
     check_runtime_role_attributes,
     check_runtime_role_schema,
@@ -31,6 +31,7 @@ from core.db.schema import (
     refuse_unknown_layout,
     require_version,
 )
+from core.db.statements import Statements
 from core.deploy.activation import check_database_id, read_active, verify_activation
 from core.deploy.custody import check_custody, configured_keys, read_records, record_new_keys
 from core.deploy.database import apply_lock_key, open_connection, runtime_url_user
@@ -45,12 +46,12 @@ def _listed(checked: CheckedDeployment) -> dict[str, str]:
 
 
 async def _refuse_live_runs(
-    conn: asyncpg.Connection, queries: Queries, entries: Sequence[PlanEntry]
+    conn: asyncpg.Connection, queries: Statements, entries: Sequence[PlanEntry]
 ) -> None:
     for entry in entries:
         if entry.action != "remove":
             continue
-        live = await conn.fetchval(queries["live_run_count"], entry.id)
+        live = await queries.live_run_count(conn, workflow_id=entry.id)
         if live:
             raise CoordinatorError(
                 Code.DEPLOYMENT_WORKFLOW_LIVE_RUNS,
@@ -75,8 +76,8 @@ async def plan(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry]
         await set_component_role(conn, namespace, "recovery")
         require_version(namespace, await read_version(conn, namespace))
         await verify_runtime_role(conn, config.deployment.runtime_role, namespace)
-        queries = Queries(namespace)
-        identity = await conn.fetchrow(queries["deployment_read"])
+        queries = Statements(namespace)
+        identity = await queries.deployment_read(conn)
         if identity is not None:
             check_database_id(identity["database_id"], config.deployment.database_id, namespace)
         active = await read_active(conn, queries)
@@ -104,19 +105,21 @@ async def apply(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry
         )
     # Key files are read before anything else is touched: a bad one refuses at once.
     keys = configured_keys(config, resolver)
-    queries = Queries(namespace)
+    queries = Statements(namespace)
     async with open_connection(config, resolver, "migration") as conn:
         await require_server_version(conn)
         async with conn.transaction():
-            await conn.execute(queries["apply_lock"], apply_lock_key(namespace))
-            migration_role = await conn.fetchval(queries["current_user_name"])
+            await statements.apply_lock(conn, lock_key=apply_lock_key(namespace))
+            migration_role = await statements.current_user_name(conn)
             await check_runtime_role_attributes(conn, runtime_role, migration_role)
             await check_runtime_role_schema(conn, runtime_role, namespace, table_privileges=False)
             await ensure_schema(conn, namespace)
-            identity = await conn.fetchrow(queries["deployment_read"])
+            identity = await queries.deployment_read(conn)
             if identity is None:
-                await conn.execute(
-                    queries["deployment_insert"], config.deployment.database_id, migration_role
+                await queries.deployment_insert(
+                    conn,
+                    database_id=config.deployment.database_id,
+                    migration_role=migration_role,
                 )
             else:
                 check_database_id(identity["database_id"], config.deployment.database_id, namespace)
@@ -137,7 +140,7 @@ async def apply(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry
 
 async def _activate(
     conn: asyncpg.Connection,
-    queries: Queries,
+    queries: Statements,
     checked: CheckedDeployment,
     entries: Sequence[PlanEntry],
 ) -> None:
@@ -145,28 +148,34 @@ async def _activate(
     changed = [entry for entry in entries if entry.action != "unchanged"]
     if not changed:
         return
-    serial = int(await conn.fetchval(queries["activation_serial_raise"]))
+    serial = await queries.activation_serial_raise(conn)
+    if serial is None:  # unreachable: apply wrote the deployment row earlier in this transaction
+        raise CoordinatorError(
+            Code.DEPLOYMENT_REFUSED, f"namespace {queries.namespace} records no databaseId"
+        )
     for entry in changed:
         if entry.action == "remove":
-            await conn.execute(queries["activation_remove"], entry.id)
+            await queries.activation_remove(conn, workflow_id=entry.id)
             continue
         package = checked.packages[entry.id]
-        await conn.execute(
-            queries["package_insert"],
-            package.digest,
-            package.workflow_id,
-            package.version,
-            package.manifest_bytes,
-            package.source_bytes,
+        await queries.package_insert(
+            conn,
+            digest=package.digest,
+            workflow_id=package.workflow_id,
+            version=package.version,
+            manifest=package.manifest_bytes,
+            source=package.source_bytes,
         )
-        stored = await conn.fetchrow(queries["package_read"], package.digest)
+        stored = await queries.package_read(conn, digest=package.digest)
         if stored is None or bytes(stored["manifest"]) != package.manifest_bytes:
             raise CoordinatorError(
                 Code.DEPLOYMENT_REFUSED,
                 f"workflow '{entry.id}': the database holds other bytes under digest "
                 f"{package.digest}",
             )
-        await conn.execute(queries["activation_set"], entry.id, package.digest, serial)
+        await queries.activation_set(
+            conn, workflow_id=entry.id, digest=package.digest, serial=serial
+        )
 
 
 async def status(checked: CheckedDeployment) -> DeploymentStatus:

@@ -17,7 +17,7 @@ import asyncpg
 
 from core.codes import Code
 from core.config.model import RuntimeConfig
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.keys import admission_key_fingerprint, state_key_fingerprints
 from core.paths import index
@@ -61,16 +61,16 @@ def configured_keys(config: RuntimeConfig, resolver: SecretResolver) -> Configur
     )
 
 
-async def read_records(conn: asyncpg.Connection, queries: Queries) -> CustodyRecords:
+async def read_records(conn: asyncpg.Connection, queries: Statements) -> CustodyRecords:
     """The custody rows and the state key versions in use."""
     state: dict[int, str] = {}
     admission: str | None = None
-    for row in await conn.fetch(queries["custody_list"]):
+    for row in await queries.custody_list(conn):
         if row["key_kind"] == "state":
             state[int(row["key_version"])] = row["fingerprint"]
         else:
             admission = row["fingerprint"]
-    used = await conn.fetch(queries["state_key_versions_in_use"])
+    used = await queries.state_key_versions_in_use(conn)
     in_use = tuple(int(row["version"]) for row in used)
     return CustodyRecords(state=state, admission=admission, in_use=in_use)
 
@@ -110,11 +110,18 @@ def check_custody(records: CustodyRecords, keys: ConfiguredKeys, *, require_reco
 
 
 async def record_new_keys(
-    conn: asyncpg.Connection, queries: Queries, records: CustodyRecords, keys: ConfiguredKeys
+    conn: asyncpg.Connection,
+    queries: Statements,
+    records: CustodyRecords,
+    keys: ConfiguredKeys,
 ) -> None:
     """Record the fingerprints of keys seen for the first time (apply only)."""
     if records.admission is None:
-        await conn.execute(queries["custody_record"], "admission", 0, keys.admission)
+        await queries.custody_record(
+            conn, key_kind="admission", key_version=0, fingerprint=keys.admission
+        )
     for version, value in sorted(keys.state.items()):
         if version not in records.state:
-            await conn.execute(queries["custody_record"], "state", version, value)
+            await queries.custody_record(
+                conn, key_kind="state", key_version=version, fingerprint=value
+            )

@@ -11,7 +11,7 @@ import asyncio
 import asyncpg
 
 from core.codes import Code
-from core.db.queries import Queries
+from core.db.statements import Statements
 from core.errors import CoordinatorError
 from core.workflow.check import check_source
 from core.workflow.model import Workflow
@@ -28,7 +28,7 @@ class WorkflowCache:
         """The definition of ``digest`` if it was read already (no database needed)."""
         return self._parsed.get(digest)
 
-    async def get(self, conn: asyncpg.Connection, queries: Queries, digest: str) -> Workflow:
+    async def get(self, conn: asyncpg.Connection, queries: Statements, digest: str) -> Workflow:
         """The definition of ``digest``, read from the ``package`` table the first time."""
         found = self._parsed.get(digest)
         if found is not None:
@@ -36,7 +36,7 @@ class WorkflowCache:
         async with self._lock:
             found = self._parsed.get(digest)
             if found is None:
-                row = await conn.fetchrow(queries["package_read"], digest)
+                row = await queries.package_read(conn, digest=digest)
                 if row is None:
                     raise CoordinatorError(
                         Code.DEPLOYMENT_REFUSED, f"package {digest} is not stored in the database"

@@ -220,9 +220,9 @@ async def test_an_operator_keeps_the_cause_while_the_effect_is_unknown(
     # retry-same: ready again with its command and key, the effect still unknown.
     q = recovery_store.queries
     async with recovery_store.connection() as conn, conn.transaction():
-        await conn.fetchrow(q["recovery_step_lock"], run_id, "send")
-        await conn.fetchval(q["recovery_step_retry_same"], run_id, "send")
-        await conn.execute(q["recovery_run_continue"], run_id)
+        await q.recovery_step_lock(conn, run_id=run_id, step_id="send")
+        await q.recovery_step_retry_same(conn, run_id=run_id, step_id="send")
+        await q.recovery_run_continue(conn, run_id=run_id)
     step = await inspected_step(recovery_store, run_id)
     assert (step["state"], step["effect"], step["cause"]) == (
         "ready",
@@ -249,8 +249,8 @@ async def test_a_receipt_proving_the_command_never_arrived_clears_the_cause(
 
     q = recovery_store.queries
     async with recovery_store.connection() as conn, conn.transaction():
-        await conn.fetchrow(q["recovery_step_lock"], run_id, "send")
-        await conn.execute(q["recovery_step_not_sent"], run_id, "send")
+        await q.recovery_step_lock(conn, run_id=run_id, step_id="send")
+        await q.recovery_step_not_sent(conn, run_id=run_id, step_id="send")
     row = await kit.step(run_id, "send")
     assert (row["state"], row["effect"], row["cause"], row["cause_status"]) == (
         "not-sent",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from core import clock
-from core.db.queries import load, without_comments
+from core.db.queries import query_text, without_comments
 
 INSTANT = datetime(2027, 3, 1, 8, 0, 0, 250000, tzinfo=UTC)
 
@@ -82,7 +82,7 @@ async def test_apply_to_sets_the_transaction_local_fake_now(
     monkeypatch.setenv(clock.ENV_VAR, str(path))
     conn = RecordingConnection()
     await clock.apply_to(conn)
-    sql = load()["clock_fake_now_set"]
+    sql = query_text("clock_fake_now_set")
     assert without_comments(sql).strip() == "SELECT set_config($1, $2, true);"
     assert conn.calls == [(sql, "coordinator.fake_now", "2027-03-01T08:00:00.250000Z")]
 

@@ -7,32 +7,48 @@
 
 -- name: admission_start
 -- A start of an input that fits the workflow's input schema, judged and, when it is new,
--- written. The parameters describe the run it would create: $1 run id (text), $2 workflow
--- id (text), $3 package digest (text), $4 principal iss (text), $5 principal sub (text),
--- $6 client_id (text, null for event starts); one binding per connection the workflow
--- uses, as parallel arrays ($7 connection names, $8 connection types, $9 base URLs, $10
--- client ids, $12 scopes each as a JSON array text, $13 token audiences, $14 profiles, $15
--- producers, null outside Casework; all text[]) under issuer $11 (text); the sealed input
--- ($16 state key version (integer), $17 nonce (bytea), $18 ciphertext with its GCM tag
--- (bytea)); start identity $19 (text, 64 hex digits) with the keyed digest of its input
--- $20 (text, 64 hex digits); the first step $21 (text) of type $22 (text); and $23
--- (bigint), the activation serial the service started under.
+-- written. The parameters describe the run it would create; its bindings, one per
+-- connection the workflow uses, come as parallel arrays (connections to client_ids and
+-- scopes to producers, one item per connection) under one issuer.
 --
--- Answers one row: start_outcome, the first of these that holds,
---   activation-changed  apply changed the activation serial since $23;
---   admission-held      the admission hold is set;
---   erased              retention erased the run identity $19 started;
---   known               identity $19 started a run whose input digest is $20;
---   conflict            identity $19 started a run whose input digest is another;
---   created             none of these: the run is written in state running, with its
---                       bindings, the sealed input, the start identity and the first step,
---                       due now (the step_due_notify trigger wakes an idle dispatcher at
---                       commit);
--- then, for created and known, the run as run_read answers it (null columns otherwise).
+-- Answers one row: start_outcome, the first of these that holds:
+-- 'activation-changed' when apply changed the activation serial since activation_serial;
+-- 'admission-held' when the admission hold is set;
+-- 'erased' when retention erased the run the identity started;
+-- 'known' when the identity started a run whose input digest is input_digest;
+-- 'conflict' when the identity started a run whose input digest is another;
+-- 'created' when none of these holds: the run is written in state running, with its
+-- bindings, the sealed input, the start identity and the first step, due now (the
+-- step_due_notify trigger wakes an idle dispatcher at commit).
+-- Then, for created and known, the run as run_read answers it (null columns otherwise).
 -- Only created writes anything. No row when the namespace has no hold or deployment row.
 -- Unique violation on the run id (derived from the identity) when a concurrent start of
 -- the same identity committed after this statement's snapshot: the statement run again
 -- finds that identity and answers known or conflict.
+-- $1 run_id (text)
+-- $2 workflow_id (text)
+-- $3 package_digest (text)
+-- $4 principal_iss (text)
+-- $5 principal_sub (text)
+-- $6 client_id (text, null): null for event starts
+-- $7 connections (text[]): the connection names
+-- $8 connection_types (text[])
+-- $9 base_urls (text[])
+-- $10 client_ids (text[])
+-- $11 issuer (text)
+-- $12 scopes (text[]): each connection's scopes as a JSON array text
+-- $13 audiences (text[]): the token audiences
+-- $14 profiles (text[])
+-- $15 producers (text[], null items): null outside Casework
+-- $16 key_version (integer): the state key version of the sealed input
+-- $17 nonce (bytea)
+-- $18 ciphertext (bytea): with its GCM tag
+-- $19 identity (text): the start identity, 64 hex digits
+-- $20 input_digest (text): the keyed digest of the input, 64 hex digits
+-- $21 first_step (text): the id of the first step
+-- $22 first_step_type (text)
+-- $23 activation_serial (bigint): the activation serial the service started under
+-- returns: row
 WITH judged AS (
     SELECT CASE WHEN d.activation_serial <> $23::bigint THEN 'activation-changed'
                 WHEN h.admission_hold THEN 'admission-held'
@@ -94,9 +110,11 @@ SELECT j.start_outcome,
 -- name: admission_gate
 -- What a start judges before its input, for an input that does not fit (admission_start
 -- judges a fitting one): start_outcome 'activation-changed' when apply changed the
--- activation serial since $1 (bigint), the serial the service started under;
--- 'admission-held' when the admission hold is set; 'open' otherwise. Writes nothing. No
--- row when the namespace has no hold or deployment row.
+-- activation serial since activation_serial; 'admission-held' when the admission hold is
+-- set; 'open' otherwise. Writes nothing. No row when the namespace has no hold or
+-- deployment row.
+-- $1 activation_serial (bigint): the activation serial the service started under
+-- returns: row
 SELECT CASE WHEN d.activation_serial <> $1::bigint THEN 'activation-changed'
             WHEN h.admission_hold THEN 'admission-held'
             ELSE 'open'

@@ -5,20 +5,25 @@
 -- come in through the {{word}} placeholders (see core/db/queries.py), quoted.
 
 -- name: apply_lock
--- Wait for, then hold until the transaction ends, the advisory lock $1 (bigint) that stands
--- for the namespace, so two applies at once end as if one ran after the other.
+-- Wait for, then hold until the transaction ends, the advisory lock that stands for the
+-- namespace, so two applies at once end as if one ran after the other.
+-- $1 lock_key (bigint)
+-- returns: status
 SELECT pg_advisory_xact_lock($1);
 
 -- name: schema_create
 -- Create the namespace's schema when it does not exist; the connected role owns it.
+-- returns: status
 CREATE SCHEMA IF NOT EXISTS {{ns}};
 
 -- name: role_create
 -- Create the component role {{role}}: it cannot log in and inherits nothing.
+-- returns: status
 CREATE ROLE {{role}} NOLOGIN NOINHERIT;
 
 -- name: role_nologin
 -- Take the right to log in away from the component role {{role}}.
+-- returns: status
 ALTER ROLE {{role}} NOLOGIN;
 
 -- name: grants_reset
@@ -29,6 +34,7 @@ ALTER ROLE {{role}} NOLOGIN;
 -- the runtime role a member of each component role. One DO block, so that it is one
 -- statement like every named query. core/db/roles.py reads the table grants back from
 -- this text as GRANTS, one table and privilege list per GRANT ... ON.
+-- returns: status
 DO $grants$
 BEGIN
     REVOKE ALL ON SCHEMA {{ns}}

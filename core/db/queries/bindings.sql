@@ -5,6 +5,7 @@
 -- name: bindings_live
 -- Each distinct recorded binding of runs that have not ended, per connection, with how
 -- many runs share it.
+-- returns: rows
 SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.scopes,
        b.profile, b.producer, count(*) AS runs
   FROM {{ns}}.run r
@@ -15,7 +16,9 @@ SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.sco
  ORDER BY b.connection;
 
 -- name: bindings_of_run
--- The recorded bindings of run $1 (text), and whether the run has ended.
+-- The recorded bindings of a run, and whether the run has ended.
+-- $1 run_id (text)
+-- returns: rows
 SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.scopes,
        b.profile, b.producer, r.ended_at IS NOT NULL AS ended
   FROM {{ns}}.binding b

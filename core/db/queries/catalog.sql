@@ -3,8 +3,10 @@
 -- because they must work while the namespace does not exist yet.
 
 -- name: namespace_info
--- The schema named $1 (text): its owner, whether it holds any object, and whether it has
+-- The schema named namespace: its owner, whether it holds any object, and whether it has
 -- a schema_version table. No row when the schema does not exist.
+-- $1 namespace (text)
+-- returns: row
 SELECT r.rolname::text AS owner,
        EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid)
        OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid)
@@ -19,28 +21,40 @@ SELECT r.rolname::text AS owner,
  WHERE n.nspname = $1;
 
 -- name: role_attributes
--- The role named $1 (text): the attributes the role checks look at. No row when absent.
+-- The role so named: the attributes the role checks look at. No row when absent.
+-- $1 role (text)
+-- returns: row
 SELECT rolsuper, rolbypassrls, rolcanlogin, rolinherit
   FROM pg_roles
  WHERE rolname = $1;
 
 -- name: role_is_member
--- Whether role $1 (text) is a member of role $2 (text), directly or through other roles,
--- whatever the INHERIT and SET options say. No row when either role is missing.
+-- Whether the role member is a member of the role role, directly or through other roles,
+-- whatever the INHERIT and SET options say. Null (no row) when either role is missing.
+-- $1 member (text)
+-- $2 role (text)
+-- returns: value (boolean, null)
 SELECT pg_has_role(member.oid, target.oid, 'MEMBER') AS is_member
   FROM pg_roles member, pg_roles target
  WHERE member.rolname = $1 AND target.rolname = $2;
 
 -- name: role_may_set
--- Whether role $1 (text) may SET ROLE to role $2 (text). No row when either is missing.
+-- Whether the role member may SET ROLE to the role role. Null (no row) when either is
+-- missing.
+-- $1 member (text)
+-- $2 role (text)
+-- returns: value (boolean, null)
 SELECT pg_has_role(member.oid, target.oid, 'SET') AS may_set
   FROM pg_roles member, pg_roles target
  WHERE member.rolname = $1 AND target.rolname = $2;
 
 -- name: role_schema_rights
--- What role $1 (text) may do to schema $2 (text): own it, be a member of its owner (named), create
--- in it, or hold any privilege (its own or inherited, table- or column-level) on a table,
--- view or sequence in it. No row when the role or the schema is missing.
+-- What the role may do to the schema namespace: own it, be a member of its owner (named),
+-- create in it, or hold any privilege (its own or inherited, table- or column-level) on a
+-- table, view or sequence in it. No row when the role or the schema is missing.
+-- $1 role (text)
+-- $2 namespace (text)
+-- returns: row
 SELECT n.nspowner = r.oid AS owns,
        pg_get_userbyid(n.nspowner)::text AS owner,
        pg_has_role(r.oid, n.nspowner, 'MEMBER') AS member_of_owner,
@@ -60,9 +74,11 @@ SELECT n.nspowner = r.oid AS owns,
  WHERE r.rolname = $1 AND n.nspname = $2;
 
 -- name: catalog_dump
--- Every object of schema $1 (text) as (kind, name, definition) rows, in a stable order.
+-- Every object of schema namespace as (kind, name, definition) rows, in a stable order.
 -- The drift check compares this dump of an installed namespace with the dump of a scratch
 -- namespace built from schema.sql; grants are not part of it (apply sets them afresh).
+-- $1 namespace (text)
+-- returns: rows
 WITH t AS (SELECT oid FROM pg_namespace WHERE nspname = $1)
 SELECT kind, name, definition FROM (
     SELECT 'relation' AS kind, c.relname::text AS name,

@@ -2,6 +2,9 @@
 -- coordinator.fake_now setting while it is set, and the wall clock otherwise.
 
 -- name: clock_fake_now_set
--- Set the setting $1 (text, coordinator.fake_now) to the instant $2 (text, RFC 3339)
--- for the current transaction only (is_local): outside a transaction it does not stick.
+-- Set a setting for the current transaction only (is_local): outside a transaction it
+-- does not stick.
+-- $1 setting (text): coordinator.fake_now
+-- $2 instant (text): RFC 3339
+-- returns: status
 SELECT set_config($1, $2, true);

@@ -3,46 +3,64 @@
 
 -- name: schema_version_read
 -- The layout version recorded in the namespace (null when the table is empty).
+-- returns: value (integer, null)
 SELECT max(version) AS version FROM {{ns}}.schema_version;
 
 -- name: deployment_read
 -- The deployment row: databaseId, the role that installed the schema, the activation
 -- serial. No row before the first apply finished.
+-- returns: row
 SELECT database_id::text AS database_id, migration_role::text AS migration_role,
        activation_serial
   FROM {{ns}}.deployment;
 
 -- name: deployment_insert
--- Record the identity at the first apply: $1 databaseId (text, a UUID), $2 the migration
--- role's name (text).
+-- Record the identity at the first apply.
+-- $1 database_id (text): the databaseId, a UUID
+-- $2 migration_role (text): the migration role's name
+-- returns: status
 INSERT INTO {{ns}}.deployment (database_id, migration_role) VALUES ($1::uuid, $2);
 
 -- name: activation_serial_raise
--- Raise the activation serial by one and answer the new value.
+-- Raise the activation serial by one and answer the new value (null when the namespace
+-- records no deployment).
+-- returns: value (bigint, null)
 UPDATE {{ns}}.deployment
    SET activation_serial = activation_serial + 1, activated_at = {{ns}}.now()
 RETURNING activation_serial;
 
 -- name: activation_list
 -- The active package of every workflow, ordered by workflow id, with its bytes.
+-- returns: rows
 SELECT a.workflow_id, a.digest, p.version, p.manifest, p.source, a.activated_serial
   FROM {{ns}}.activation a
   JOIN {{ns}}.package p ON p.digest = a.digest
  ORDER BY a.workflow_id;
 
 -- name: package_read
--- One stored package: $1 digest (text).
+-- One stored package; no row when that digest is not stored.
+-- $1 digest (text)
+-- returns: row
 SELECT workflow_id, version, manifest, source FROM {{ns}}.package WHERE digest = $1;
 
 -- name: package_insert
--- Keep a package's bytes (a digest already kept is left as it is): $1 digest, $2 workflow
--- id, $3 version (text), $4 manifest bytes, $5 workflow source bytes.
+-- Keep a package's bytes (a digest already kept is left as it is).
+-- $1 digest (text)
+-- $2 workflow_id (text)
+-- $3 version (text)
+-- $4 manifest (bytea): the manifest bytes
+-- $5 source (bytea): the workflow source bytes
+-- returns: status
 INSERT INTO {{ns}}.package (digest, workflow_id, version, manifest, source)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (digest) DO NOTHING;
 
 -- name: activation_set
--- Make $2 (digest) the active package of workflow $1 (text) as of serial $3 (bigint).
+-- Make a package the active one of its workflow as of an activation serial.
+-- $1 workflow_id (text)
+-- $2 digest (text)
+-- $3 serial (bigint)
+-- returns: status
 INSERT INTO {{ns}}.activation (workflow_id, digest, activated_serial)
 VALUES ($1, $2, $3)
 ON CONFLICT (workflow_id) DO UPDATE
@@ -51,28 +69,37 @@ ON CONFLICT (workflow_id) DO UPDATE
        activated_at = {{ns}}.now();
 
 -- name: activation_remove
--- Remove workflow $1 (text) from the activation; its package bytes stay for its runs.
+-- Remove a workflow from the activation; its package bytes stay for its runs.
+-- $1 workflow_id (text)
+-- returns: status
 DELETE FROM {{ns}}.activation WHERE workflow_id = $1;
 
 -- name: live_run_count
--- How many runs of workflow $1 (text) have not ended (the live states: run_live's rows).
+-- How many runs of a workflow have not ended (the live states: run_live's rows).
+-- $1 workflow_id (text)
+-- returns: value (bigint)
 SELECT count(*) AS live FROM {{ns}}.run
  WHERE workflow_id = $1 AND state IN ('running', 'waiting', 'held');
 
 -- name: custody_list
 -- Every recorded key fingerprint: kind ('state' or 'admission'), version (0 for the
 -- admission key), fingerprint.
+-- returns: rows
 SELECT key_kind, key_version, fingerprint
   FROM {{ns}}.key_custody
  ORDER BY key_kind, key_version;
 
 -- name: custody_record
--- Record a fingerprint seen for the first time: $1 kind ('state' or 'admission'), $2 version
--- (integer, 0 for the admission key), $3 fingerprint (64 hex digits). A recorded one stays.
+-- Record a fingerprint seen for the first time. A recorded one stays.
+-- $1 key_kind (text): 'state' or 'admission'
+-- $2 key_version (integer): 0 for the admission key
+-- $3 fingerprint (text): 64 hex digits
+-- returns: status
 INSERT INTO {{ns}}.key_custody (key_kind, key_version, fingerprint)
 VALUES ($1, $2, $3)
 ON CONFLICT (key_kind, key_version) DO NOTHING;
 
 -- name: state_key_versions_in_use
 -- The state key versions stored payloads were written with, ascending.
+-- returns: rows
 SELECT version FROM {{ns}}.state_key_versions_in_use() AS used(version) ORDER BY version;

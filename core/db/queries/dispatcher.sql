@@ -20,11 +20,11 @@
 -- or a ready call whose token the issuer refused.
 
 -- name: dispatcher_claim
--- Lease up to $2 (integer) due, unclaimed steps of runs that have not ended to owner $1
--- (text) for $3 (float8) seconds, oldest due first, skipping rows another dispatcher is
--- claiming. Claims nothing while the execution hold is set. The lease records the current
--- hold epoch, answered as lease_epoch so that a settle refused later can tell a restore-hold
--- from an ordinary lost lease. past_deadline tells a call step retried after its deadline.
+-- Lease up to limit due, unclaimed steps of runs that have not ended to owner for
+-- lease_seconds, oldest due first, skipping rows another dispatcher is claiming. Claims
+-- nothing while the execution hold is set. The lease records the current hold epoch,
+-- answered as lease_epoch so that a settle refused later can tell a restore-hold from an
+-- ordinary lost lease. past_deadline tells a call step retried after its deadline.
 --
 -- Each row also carries everything executing the step reads, from the same snapshot, so a
 -- claimed step costs no read of its own: its run's package, creation instant and cancel
@@ -32,6 +32,10 @@
 -- parallel arrays in id order; every binding of the run as a JSON array of binding rows;
 -- and the step's stored command payload, with the run it belongs to. These do not change
 -- under a leased step (a cancel is decided again under the step's lock).
+-- $1 owner (text): the dispatcher taking the leases
+-- $2 limit (integer): at most this many steps
+-- $3 lease_seconds (float8): how long each lease lasts
+-- returns: rows
 WITH h AS (
     SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
 ), due AS (
@@ -93,7 +97,7 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
  ORDER BY cl.due_at;
 
 -- name: dispatcher_expire_leases
--- Find up to $1 (integer) leases that expired. A step whose command was prepared (and so
+-- Find up to limit leases that expired. A step whose command was prepared (and so
 -- may have been sent by the holder that vanished) becomes uncertain with an unknown effect
 -- and cause lease-expired, and holds its run for an operator; any other step simply loses
 -- the lease and is due again. A run cancelled without an onCancel path that is left with
@@ -103,6 +107,8 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
 -- The expired leases are found through step_leased and then updated by their row
 -- addresses (a TID scan), never joined back to step: with LIMIT $1 unknown to a generic
 -- plan, a join could be planned as a scan of every step, each second, per dispatcher.
+-- $1 limit (integer): at most this many leases
+-- returns: row
 WITH released AS (
     UPDATE {{ns}}.step s
        SET state = CASE WHEN s.state = 'prepared' THEN 'uncertain' ELSE s.state END,
@@ -156,6 +162,7 @@ SELECT (SELECT count(*) FROM released) AS released,
 -- step is read in step_due order and the walk stops at the first of a live run, so an idle
 -- look costs the same with thousands of runs waiting as with none (min() over the join
 -- would read every waiting step).
+-- returns: row
 SELECT extract(epoch FROM (
            SELECT s.due_at
              FROM {{ns}}.step s
@@ -171,22 +178,31 @@ SELECT extract(epoch FROM (
        (SELECT execution_hold FROM {{ns}}.hold) AS execution_hold;
 
 -- name: dispatcher_lease_renew
--- Extend owner $3's (text) lease on step $2 (text) of run $1 (text) by $4 (float8)
--- seconds from now. No row when the lease is no longer this owner's.
+-- Extend the owner's lease on a step by seconds from now. No row when the lease is no
+-- longer this owner's.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 seconds (float8)
+-- returns: value (timestamptz, null)
 UPDATE {{ns}}.step
    SET lease_expires_at = {{ns}}.now() + make_interval(secs => $4::float8)
  WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
 RETURNING lease_expires_at;
 
 -- name: dispatcher_step_lock
--- Lock step $2 (text) of run $1 (text) for settling or preparing, only while owner $3
--- (text) holds the lease and the lease's hold epoch is the current one. No row means the
--- lease was lost. The run row is locked too: a cancel (which locks the run first) either
--- committed before, and this transaction sees the run cancelling, or waits until this
--- outcome — and the next step it may make due — is committed, and then finds that step.
+-- Lock a step for settling or preparing, only while owner holds the lease and the
+-- lease's hold epoch is the current one. No row means the lease was lost. The run row is
+-- locked too: a cancel (which locks the run first) either committed before, and this
+-- transaction sees the run cancelling, or waits until this outcome — and the next step it
+-- may make due — is committed, and then finds that step.
 -- Answers whether the step is abandoned by a cancel (see the header), whether the
 -- execution hold is set, and the namespace's clock, so decisions about time use the
 -- database's now.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- returns: row
 SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.cancel_seq,
        r.cancelling AND (r.cancel_seq IS NULL OR s.seq < r.cancel_seq) AS abandoned,
        r.ended_at IS NOT NULL AS run_ended, h.execution_hold, {{ns}}.now() AS now
@@ -200,12 +216,18 @@ SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.
 -- name: dispatcher_hold_epoch
 -- The current hold epoch: compared with a lost lease's epoch, it tells whether a
 -- restore-hold (which raises it) took the lease away.
+-- returns: value (bigint, null)
 SELECT epoch FROM {{ns}}.hold;
 
 -- name: dispatcher_step_unprepare
--- Owner $3 (text) gives back step $2 (text) of run $1 (text) whose prepared command it
--- knows it never sent: the step is ready again (command and key kept), due no sooner than
--- $4 (float8) seconds from now, and its lease ends.
+-- The owner gives back a step whose prepared command it knows it never sent: the step is
+-- ready again (command and key kept), due no sooner than delay seconds from now, and its
+-- lease ends.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 delay (float8)
+-- returns: row
 UPDATE {{ns}}.step
    SET state = CASE WHEN state = 'prepared' THEN 'ready' ELSE state END,
        due_at = CASE
@@ -218,16 +240,22 @@ UPDATE {{ns}}.step
 RETURNING state;
 
 -- name: dispatcher_step_token_refused
--- Owner $3 (text) asked the issuer for the access token of call step $2 (text) of run $1
--- (text) and was refused (or granted narrower scopes than the connection's), so nothing
--- was sent. The step records cause token-refused and is ready again, due $4 (float8)
--- seconds from now but no later than its deadline, and its lease ends; the run keeps its
--- state and gets attention (an ended run is left alone) until a later prepare of the step
--- clears both. A step that was never prepared has no deadline yet: the first refusal
--- counts as the first attempt and sets it, deadlineSeconds $5 (integer) from now, so the
--- claim after it answers past_deadline and the run fails deadline-exceeded as a retried
--- call would. The run row is locked first, as a cancel locks it. Answers when the step is
--- due again; no row, and nothing written, when the lease is no longer this owner's.
+-- The owner asked the issuer for the access token of a call step and was refused (or
+-- granted narrower scopes than the connection's), so nothing was sent. The step records
+-- cause token-refused and is ready again, due delay seconds from now but no later than
+-- its deadline, and its lease ends; the run keeps its state and gets attention (an ended
+-- run is left alone) until a later prepare of the step clears both. A step that was never
+-- prepared has no deadline yet: the first refusal counts as the first attempt and sets it,
+-- deadline_seconds from now, so the claim after it answers past_deadline and the run
+-- fails deadline-exceeded as a retried call would. The run row is locked first, as a
+-- cancel locks it. Answers when the step is due again; no row, and nothing written, when
+-- the lease is no longer this owner's.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 delay (float8)
+-- $5 deadline_seconds (integer): the workflow's deadlineSeconds
+-- returns: row
 WITH r AS (
     SELECT id FROM {{ns}}.run WHERE id = $1 FOR NO KEY UPDATE
 ), refused AS (
@@ -256,25 +284,34 @@ WITH r AS (
 SELECT due_at FROM refused;
 
 -- name: dispatcher_token_refusal_record
--- The issuer refused the access token of connection $1 (text) with the OAuth error code $2
--- (text, e.g. invalid_client; never its description): remember it, now, for doctor,
--- replacing the connection's earlier refusal.
+-- The issuer refused a connection's access token: remember its OAuth error code, now, for
+-- doctor, replacing the connection's earlier refusal.
+-- $1 connection (text)
+-- $2 error (text): the OAuth error code, e.g. invalid_client; never its description
+-- returns: status
 INSERT INTO {{ns}}.token_refusal (connection, error, refused_at)
 VALUES ($1, $2, {{ns}}.now())
 ON CONFLICT (connection) DO UPDATE
    SET error = excluded.error, refused_at = excluded.refused_at;
 
 -- name: dispatcher_token_refusal_clear
--- The issuer granted connection $1 (text) a token: forget its refusal, if one is recorded.
+-- The issuer granted a connection a token: forget its refusal, if one is recorded.
+-- $1 connection (text)
+-- returns: status
 DELETE FROM {{ns}}.token_refusal WHERE connection = $1;
 
 -- name: dispatcher_step_release
--- Owner $3 (text) gives up its lease on step $2 (text) of run $1 (text) without knowing
--- the outcome, due again no sooner than $4 (float8) seconds from now. A prepared step
--- may have been sent, so it becomes uncertain (cause lease-expired: its dispatcher stopped
--- before it knew) and holds its run instead — or, when the run is cancelled without an
--- onCancel path and nothing else of it is live, ends the run cancelled (keeping the
--- attention), as a settle would have.
+-- The owner gives up its lease on a step without knowing the outcome, due again no sooner
+-- than delay seconds from now. A prepared step may have been sent, so it becomes
+-- uncertain (cause lease-expired: its dispatcher stopped before it knew) and holds its run
+-- instead — or, when the run is cancelled without an onCancel path and nothing else of it
+-- is live, ends the run cancelled (keeping the attention), as a settle would have.
+-- Answers the step's state afterwards; no row when the lease is no longer this owner's.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 delay (float8)
+-- returns: value (text, null)
 WITH released AS (
     UPDATE {{ns}}.step
        SET state = CASE WHEN state = 'prepared' THEN 'uncertain' ELSE state END,
@@ -313,10 +350,13 @@ WITH released AS (
 SELECT state FROM released;
 
 -- name: dispatcher_step_uncertain
--- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was sent and its effect
--- is unknown: it waits for an operator and is never resent by the dispatcher. $3 (text)
--- is the cause, how the answer went missing (see step.cause in schema.sql); $4 (integer)
--- the product's status for status-5xx, null with every other cause.
+-- A step locked by dispatcher_step_lock was sent and its effect is unknown: it waits for
+-- an operator and is never resent by the dispatcher.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 cause (text): how the answer went missing (see step.cause in schema.sql)
+-- $4 cause_status (integer, null): the product's status for status-5xx, null otherwise
+-- returns: status
 UPDATE {{ns}}.step
    SET state = 'uncertain', effect = 'unknown', due_at = NULL,
        cause = $3::text, cause_status = $4::integer,
@@ -325,8 +365,12 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: dispatcher_step_retry
--- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, was definitely not
--- processed: it is ready again, due in $3 (float8) seconds, with the same command and key.
+-- A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
+-- due in delay seconds, with the same command and key.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 delay (float8)
+-- returns: row
 UPDATE {{ns}}.step
    SET state = 'ready',
        cause = NULL, cause_status = NULL,
@@ -337,9 +381,13 @@ UPDATE {{ns}}.step
 RETURNING due_at;
 
 -- name: dispatcher_step_wait
--- Step $2 (text) of run $1 (text), locked by dispatcher_step_lock, waits: due at $3
--- (timestamptz; null when only an outside event can wake it), timing out at $4
--- (timestamptz or null).
+-- A step locked by dispatcher_step_lock waits: due at due_at, timing out at
+-- timeout_at (a timeout already set is kept when that is null).
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 due_at (timestamptz, null): null when only an outside event can wake it
+-- $4 timeout_at (timestamptz, null)
+-- returns: status
 UPDATE {{ns}}.step
    SET state = 'waiting',
        due_at = $3::timestamptz,
@@ -349,40 +397,74 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: dispatcher_run_progress
--- Run $1 (text) is live in state $2 (running or waiting); an ended run stays as it is.
+-- A run is live in state; an ended run stays as it is.
+-- $1 run_id (text)
+-- $2 state (text): running or waiting
+-- returns: status
 UPDATE {{ns}}.run
    SET state = $2, updated_at = {{ns}}.now()
  WHERE id = $1 AND ended_at IS NULL;
 
 -- name: dispatcher_run_hold
--- Run $1 (text) has an uncertain step: held for an operator, with attention.
+-- A run has an uncertain step: held for an operator, with attention.
+-- $1 run_id (text)
+-- returns: status
 UPDATE {{ns}}.run
    SET state = 'held', attention = true, updated_at = {{ns}}.now()
  WHERE id = $1 AND ended_at IS NULL;
 
 -- name: dispatcher_step_prepare
--- Commit the command of call step $2 (text) of run $1 (text), leased to owner $3 (text), as
--- prepared before it is sent: the stored command $4 (bigint) of an earlier attempt, or the
--- sealed command $5 key version (integer), $6 nonce (bytea), $7 ciphertext (bytea), under
--- command key $8 (text) with deadlineSeconds $9 (integer). One call of step_prepare in
--- transitions.sql, which says what each outcome wrote.
+-- Commit the command of a call step leased to owner as prepared before it is sent: the
+-- stored command payload_id of an earlier attempt, or the sealed command (key_version,
+-- nonce, ciphertext), under command_key with deadline_seconds. One call of
+-- step_prepare in transitions.sql, which says what each outcome wrote; always one row.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 payload_id (bigint, null): the stored command, or null to store the sealed one
+-- $5 key_version (integer, null)
+-- $6 nonce (bytea, null)
+-- $7 ciphertext (bytea, null)
+-- $8 command_key (text)
+-- $9 deadline_seconds (integer): the workflow's deadlineSeconds
+-- returns: row
 SELECT outcome, attempts, first_of_run, since_admission, deadline_in
   FROM {{ns}}.step_prepare($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: dispatcher_step_settle
--- Settle step $2 (text) of run $1 (text), leased to owner $3 (text): it ends in state $4
--- (text) with effect $5 (text or null), keeping payloads $6 purposes (text[]), $7 key
--- versions (integer[]), $8 nonces (bytea[]), $9 ciphertexts (bytea[]); the local steps $10
--- ids (text[]) of $11 types (text[]) are passed, then step $12 (text, type $13 text) is due
--- next, or (with $12 null) the run ends in state $14 (text) with outcome $15 (text) and
--- failure $16 kind (text) at $17 pointer (text). One call of step_settle in
--- transitions.sql, which says what each outcome wrote.
+-- Settle a step leased to owner: it ends in state with effect (null keeps the
+-- present one), keeping the payloads given as parallel arrays; the local steps
+-- passed_ids of passed_types are passed, then step next_step (of type next_type)
+-- is due next, or (with next_step null) the run ends in run_state with outcome and
+-- the failure failure_kind at failure_path. One call of step_settle in
+-- transitions.sql, which says what each outcome wrote; always one row.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 state (text)
+-- $5 effect (text, null)
+-- $6 purposes (text[])
+-- $7 key_versions (integer[])
+-- $8 nonces (bytea[])
+-- $9 ciphertexts (bytea[])
+-- $10 passed_ids (text[])
+-- $11 passed_types (text[])
+-- $12 next_step (text, null)
+-- $13 next_type (text, null)
+-- $14 run_state (text, null)
+-- $15 outcome (text, null)
+-- $16 failure_kind (text, null)
+-- $17 failure_path (text, null): a JSON pointer
+-- returns: row
 SELECT outcome, run_state
   FROM {{ns}}.step_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                           $16, $17);
 
 -- name: dispatcher_run_close_cancelled
--- Run $1 (text), locked by dispatcher_step_lock, is being cancelled without an onCancel
--- path: end it cancelled when no step of it besides $2 (text) is live (run_close_cancelled
--- in transitions.sql). Answers whether it ended.
+-- A run locked by dispatcher_step_lock is being cancelled without an onCancel path: end
+-- it cancelled when no step of it besides step_id is live (run_close_cancelled in
+-- transitions.sql). Answers whether it ended.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: value (boolean)
 SELECT {{ns}}.run_close_cancelled($1, $2) AS ended;

@@ -2,15 +2,21 @@
 -- None of them reads a payload.
 
 -- name: recovery_run_owner
--- Who started run $1 (text) and from which workflow; no row when there is no such run.
+-- Who started a run and from which workflow; no row when there is no such run.
+-- $1 run_id (text)
+-- returns: row
 SELECT workflow_id, principal_iss, principal_sub FROM {{ns}}.run WHERE id = $1;
 
 -- name: recovery_holds
 -- The deployment's two restore holds.
+-- returns: row
 SELECT execution_hold, admission_hold FROM {{ns}}.hold;
 
 -- name: recovery_operator_actions
--- The latest $2 (integer) operator actions on run $1 (text), newest first.
+-- The latest operator actions on a run, newest first.
+-- $1 run_id (text)
+-- $2 limit (integer): how many are shown
+-- returns: rows
 SELECT kind, reason, at
   FROM {{ns}}.operator_action
  WHERE run_id = $1
@@ -18,10 +24,16 @@ SELECT kind, reason, at
  LIMIT $2;
 
 -- name: recovery_run_list
--- Runs newest first by (created_at, id), as run_read shapes them. $1 the workflows the
--- caller may see (text[]); $2 attention (boolean, null for either); $3 state (text, null for
--- any); $4/$5 the principal's iss/sub (text, null for every principal); $6/$7 the cursor's
--- created_at (timestamptz) and run id (text), null for the first page; $8 how many.
+-- Runs newest first by (created_at, id), as run_read shapes them.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 attention (boolean, null): null for either
+-- $3 state (text, null): null for any
+-- $4 principal_iss (text, null): null for every principal
+-- $5 principal_sub (text, null): null for every principal
+-- $6 after_created_at (timestamptz, null): the cursor's; null for the first page
+-- $7 after_run_id (text, null): the cursor's; null for the first page
+-- $8 limit (integer): how many
+-- returns: rows
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
@@ -41,6 +53,7 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- the counts of uncertain steps (the operator's backlog, through step_uncertain) and of
 -- due unclaimed steps (the dispatchers' backlog, through step_due). The runs per state are
 -- recovery_run_state_counts.
+-- returns: row
 SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
        d.database_id::text AS database_id,
        d.activation_serial,
@@ -55,14 +68,17 @@ SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
 -- name: recovery_token_refusals
 -- The connections whose last token request the issuer refused, with its error code, by
 -- connection name (the doctor's tokenRefusals).
+-- returns: rows
 SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
 
 -- name: recovery_run_state_counts
--- How many runs are in each state, each counted up to $1 (integer) and no further: the
+-- How many runs are in each state, each counted up to counted_up_to and no further: the
 -- count walks run_live or run_ended under its state and stops there, so it costs the same
 -- at a million runs. (Each state is a literal: a partial index is only used for a
 -- condition that names its states.) A count that reaches $1 is completed from
 -- recovery_run_state_estimates.
+-- $1 counted_up_to (integer)
+-- returns: row
 SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' LIMIT $1) x)
            AS running,
        (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'waiting' LIMIT $1) x)
@@ -80,6 +96,7 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' L
 -- PostgreSQL's own estimate of the runs per state, from the statistics ANALYZE (or
 -- autovacuum) last gathered: the table's row count and the most common values of state
 -- with their frequencies. Null arrays before the table was first analysed.
+-- returns: row
 SELECT c.reltuples::float8 AS rows,
        s.most_common_vals::text::text[] AS states,
        s.most_common_freqs::float8[] AS frequencies

@@ -19,8 +19,10 @@
 -- All time comes from {{ns}}.now(), so tests move a fake clock instead of waiting.
 
 -- name: recovery_action_run
--- Run $1 (text) as a run action needs it, with the namespace's clock and the execution
--- hold. No row when there is no such run.
+-- A run as a run action needs it, with the namespace's clock and the execution hold. No
+-- row when there is no such run.
+-- $1 run_id (text)
+-- returns: row
 SELECT r.id, r.package_digest, r.state, r.cancelling, r.cancel_seq, r.created_at,
        r.ended_at IS NOT NULL AS ended,
        r.erased_at IS NOT NULL AS erased,
@@ -30,9 +32,12 @@ SELECT r.id, r.package_digest, r.state, r.cancelling, r.cancel_seq, r.created_at
  WHERE r.id = $1;
 
 -- name: recovery_held_step
--- The newest step of run $1 (text) in one of the states $2 (text[]): the call an operator
--- acts on. xmin is the row's version, so a later write to the step is noticed even when
--- the (test) clock gave it the same updated_at.
+-- The newest step of a run in one of the states given: the call an operator acts on. xmin
+-- is the row's version, so a later write to the step is noticed even when the (test) clock
+-- gave it the same updated_at.
+-- $1 run_id (text)
+-- $2 states (text[])
+-- returns: row
 SELECT step_id, seq, step_type, state, attempts, effect, command_key, command_payload_id,
        started_at, first_attempt_at, deadline_at, updated_at, xmin::text AS row_version
   FROM {{ns}}.step
@@ -41,23 +46,31 @@ SELECT step_id, seq, step_type, state, attempts, effect, command_key, command_pa
  LIMIT 1;
 
 -- name: recovery_binding_read
--- The recorded binding of connection $2 (text) for run $1 (text).
+-- The recorded binding of a connection for a run.
+-- $1 run_id (text)
+-- $2 connection (text)
+-- returns: row
 SELECT connection, connection_type, base_url, client_id, issuer, scopes, audience, profile,
        producer
   FROM {{ns}}.binding
  WHERE run_id = $1 AND connection = $2;
 
 -- name: recovery_step_lock
--- Lock step $2 (text) of run $1 (text) for an action's write, answering the state and
--- version the action compares with what it read first.
+-- Lock a step for an action's write, answering the state and version the action compares
+-- with what it read first.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: row
 SELECT seq, state, attempts, updated_at, xmin::text AS row_version
   FROM {{ns}}.step
  WHERE run_id = $1 AND step_id = $2
    FOR UPDATE;
 
 -- name: recovery_run_lock
--- Lock run $1 (text) for an action's write (after its step, when the action has one).
--- Answers the namespace's clock too.
+-- Lock a run for an action's write (after its step, when the action has one). Answers the
+-- namespace's clock too.
+-- $1 run_id (text)
+-- returns: row
 SELECT state, cancelling, cancel_seq, created_at, ended_at IS NOT NULL AS ended,
        {{ns}}.now() AS now
   FROM {{ns}}.run
@@ -67,27 +80,41 @@ SELECT state, cancelling, cancel_seq, created_at, ended_at IS NOT NULL AS ended,
 -- name: recovery_hold_share
 -- The execution hold, share-locked: a restore-hold (which updates the row) waits until a
 -- retry-same that found the hold off has committed, and its snapshot then sees that step.
+-- Null when the namespace has no hold row.
+-- returns: value (boolean, null)
 SELECT execution_hold FROM {{ns}}.hold FOR SHARE;
 
 -- name: recovery_scope_payloads
--- The sealed values expressions of run $1 (text) can read: its input and the values its
--- steps kept (call outputs and wait results), in the order they were stored.
+-- The sealed values expressions of a run can read: its input and the values its steps
+-- kept (call outputs and wait results), in the order they were stored.
+-- $1 run_id (text)
+-- returns: rows
 SELECT step_id, purpose, key_version, nonce, ciphertext
   FROM {{ns}}.payload
  WHERE run_id = $1 AND purpose IN ('input', 'output', 'wait-result')
  ORDER BY id;
 
 -- name: recovery_payload_insert
--- Store a sealed payload: $1 run (text), $2 step (text), $3 purpose (text), $4 key version
--- (integer), $5 nonce (bytea), $6 ciphertext (bytea). Answers its id.
+-- Store a sealed payload. Answers its id.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 purpose (text)
+-- $4 key_version (integer)
+-- $5 nonce (bytea)
+-- $6 ciphertext (bytea)
+-- returns: value (bigint)
 INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING id;
 
 -- name: recovery_step_end
--- End step $2 (text) of run $1 (text), locked by recovery_step_lock, in state $3
--- (completed, failed or cancelled) with effect $4 (text or null, set as given). The cause
--- stays only while the effect stays unknown.
+-- End a step locked by recovery_step_lock. The cause stays only while the effect stays
+-- unknown.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 state (text): completed, failed or cancelled
+-- $4 effect (text, null): set as given
+-- returns: status
 UPDATE {{ns}}.step
    SET state = $3,
        effect = $4::text,
@@ -100,16 +127,23 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: recovery_step_not_sent
--- Step $2 (text) of run $1 (text), locked by recovery_step_lock: the product proved it never
--- received the command. Nothing is due; an operator retries the same command or cancels.
+-- A step locked by recovery_step_lock: the product proved it never received the command.
+-- Nothing is due; an operator retries the same command or cancels.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: status
 UPDATE {{ns}}.step
    SET state = 'not-sent', effect = NULL, due_at = NULL, cause = NULL, cause_status = NULL,
        updated_at = {{ns}}.now()
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: recovery_step_insert_next
--- Make step $2 (text, type $3) the next step of run $1 (text), numbered after every step the
--- run has, due now — unless the run has ended meanwhile (then no row). Answers its seq.
+-- Make a step the next step of a run, numbered after every step the run has, due now —
+-- unless the run has ended meanwhile (then no row). Answers its seq.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 step_type (text)
+-- returns: value (integer, null)
 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
 SELECT $1, $2,
        (SELECT coalesce(max(seq), 0) + 1 FROM {{ns}}.step WHERE run_id = $1),
@@ -118,8 +152,10 @@ SELECT $1, $2,
 RETURNING seq;
 
 -- name: recovery_run_continue
--- Run $1 (text) goes on: running, unless another of its steps is still uncertain (then it
--- stays held); attention as the header says. An ended run is left alone.
+-- A run goes on: running, unless another of its steps is still uncertain (then it stays
+-- held); attention as the header says. An ended run is left alone.
+-- $1 run_id (text)
+-- returns: status
 UPDATE {{ns}}.run r
    SET state = CASE
                    WHEN EXISTS (SELECT 1 FROM {{ns}}.step s
@@ -134,8 +170,10 @@ UPDATE {{ns}}.run r
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
 -- name: recovery_run_attention
--- Recompute run $1's (text) attention from its steps, leaving its state as it is (an ended
--- or cancelling run whose held call an operator settled).
+-- Recompute a run's attention from its steps, leaving its state as it is (an ended or
+-- cancelling run whose held call an operator settled).
+-- $1 run_id (text)
+-- returns: status
 UPDATE {{ns}}.run r
    SET attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
@@ -145,9 +183,15 @@ UPDATE {{ns}}.run r
  WHERE r.id = $1;
 
 -- name: recovery_run_end
--- End run $1 (text) in state $2 (failed) with failure $3 kind, $4 JSON pointer, $5 step
--- (each text or null), as step_settle does: a run that is being cancelled ends
--- cancelled instead. Attention is recomputed from the steps.
+-- End a run with a failure, as step_settle does: a run that is being cancelled ends
+-- cancelled instead. Attention is recomputed from the steps. Answers the state it ended
+-- in; no row when it had already ended.
+-- $1 run_id (text)
+-- $2 state (text): failed
+-- $3 failure_kind (text, null)
+-- $4 failure_path (text, null): a JSON pointer
+-- $5 failure_step (text, null)
+-- returns: value (text, null)
 UPDATE {{ns}}.run r
    SET state = CASE WHEN r.cancelling THEN 'cancelled' ELSE $2 END,
        failure_kind = CASE WHEN r.cancelling THEN NULL ELSE $3 END,
@@ -163,9 +207,13 @@ UPDATE {{ns}}.run r
 RETURNING state;
 
 -- name: recovery_step_retry_same
--- Step $2 (text) of run $1 (text), locked by recovery_step_lock, is to be sent again: ready
--- and due now, its stored command and command key kept, so the dispatcher sends exactly
--- that command under the same key. The effect, and its cause, stay what they were.
+-- A step locked by recovery_step_lock is to be sent again: ready and due now, its stored
+-- command and command key kept, so the dispatcher sends exactly that command under the
+-- same key. The effect, and its cause, stay what they were. Answers its attempts (no row
+-- when there is no such step).
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: value (integer, null)
 UPDATE {{ns}}.step
    SET state = 'ready',
        due_at = {{ns}}.now(),
@@ -175,16 +223,20 @@ UPDATE {{ns}}.step
 RETURNING attempts;
 
 -- name: recovery_step_poll
--- What became of step $2 (text) of run $1 (text) after a retry-same: its state and how
--- many times it was sent.
+-- What became of a step after a retry-same: its state and how many times it was sent.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: row
 SELECT state, attempts
   FROM {{ns}}.step
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: recovery_steps_cancel
--- Cancel the steps of run $1 (text) that wait to be worked on and that no dispatcher holds:
--- ready, waiting (the wait is abandoned) and not-sent. Leased steps are settled by their
+-- Cancel the steps of a run that wait to be worked on and that no dispatcher holds: ready,
+-- waiting (the wait is abandoned) and not-sent. Leased steps are settled by their
 -- dispatcher; uncertain steps stay uncertain. Answers the cancelled step ids.
+-- $1 run_id (text)
+-- returns: rows
 UPDATE {{ns}}.step
    SET state = 'cancelled',
        due_at = NULL,
@@ -196,9 +248,13 @@ UPDATE {{ns}}.step
 RETURNING step_id;
 
 -- name: recovery_cancel_path_insert
--- Make the workflow's onCancel step $2 (text, type $3) of run $1 (text) due now, numbered
--- after every step the run has. No row when the run already reached a step of that name.
--- Answers its seq: the run's cancel_seq.
+-- Make the workflow's onCancel step of a run due now, numbered after every step the run
+-- has. No row when the run already reached a step of that name. Answers its seq: the
+-- run's cancel_seq.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 step_type (text)
+-- returns: value (integer, null)
 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
 SELECT $1, $2,
        (SELECT coalesce(max(seq), 0) + 1 FROM {{ns}}.step WHERE run_id = $1),
@@ -207,10 +263,12 @@ ON CONFLICT (run_id, step_id) DO NOTHING
 RETURNING seq;
 
 -- name: recovery_run_cancelling
--- Run $1 (text), locked by recovery_run_lock, is being cancelled. $2 (integer or null) is
--- the seq of its onCancel step: with one the run is running along that path; without one it
--- keeps its state until it ends. Attention is recomputed (cancelled not-sent steps no longer
--- need an operator).
+-- A run locked by recovery_run_lock is being cancelled. With an onCancel step the run is
+-- running along that path; without one it keeps its state until it ends. Attention is
+-- recomputed (cancelled not-sent steps no longer need an operator).
+-- $1 run_id (text)
+-- $2 cancel_seq (integer, null): the seq of its onCancel step
+-- returns: status
 UPDATE {{ns}}.run r
    SET cancelling = true,
        cancel_seq = $2::integer,
@@ -223,9 +281,11 @@ UPDATE {{ns}}.run r
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
 -- name: recovery_run_cancel_end
--- End run $1 (text) cancelled when it is cancelling without an onCancel path and no step
--- of it is still to be worked on or held by a dispatcher (outcome null). An uncertain step
--- keeps the run's attention. Answers the state when the run ended, no row otherwise.
+-- End a run cancelled when it is cancelling without an onCancel path and no step of it is
+-- still to be worked on or held by a dispatcher (outcome null). An uncertain step keeps the
+-- run's attention. Answers the state when the run ended, no row otherwise.
+-- $1 run_id (text)
+-- returns: value (text, null)
 UPDATE {{ns}}.run r
    SET state = 'cancelled',
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
@@ -242,10 +302,12 @@ UPDATE {{ns}}.run r
 RETURNING state;
 
 -- name: recovery_snapshot_resolve
--- Record how the operator settled run $1's (text) snapshotted steps of the current hold
--- epoch: step $2 (text, or null for every step of the run) gets resolution $3 (reconciled,
--- retry or cancel). With $4 (boolean) false only unresolved rows are marked; true overwrites
--- an earlier resolution with the one that settled the step.
+-- Record how the operator settled a run's snapshotted steps of the current hold epoch.
+-- $1 run_id (text)
+-- $2 step_id (text, null): null for every step of the run
+-- $3 resolution (text): reconciled, retry or cancel
+-- $4 overwrite (boolean): false marks only unresolved rows; true overwrites an earlier one
+-- returns: status
 UPDATE {{ns}}.restore_snapshot
    SET resolution = $3, resolved_at = {{ns}}.now()
  WHERE epoch = (SELECT epoch FROM {{ns}}.hold)
@@ -254,6 +316,9 @@ UPDATE {{ns}}.restore_snapshot
    AND (resolution IS NULL OR $4::boolean);
 
 -- name: recovery_operator_action_insert
--- Log operator action $2 (text: reconcile, retry-same or cancel) on run $1 (text) with
--- reason $3 (text).
+-- Log an operator action on a run.
+-- $1 run_id (text)
+-- $2 kind (text): reconcile, retry-same or cancel
+-- $3 reason (text)
+-- returns: status
 INSERT INTO {{ns}}.operator_action (run_id, kind, reason) VALUES ($1, $2, $3);

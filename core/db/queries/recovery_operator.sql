@@ -10,14 +10,17 @@
 
 -- name: recovery_hold_lock
 -- The holds and the current hold epoch, with the hold row locked until the transaction
--- ends. No parameters.
+-- ends.
+-- returns: row
 SELECT execution_hold, admission_hold, epoch
   FROM {{ns}}.hold
    FOR UPDATE;
 
 -- name: recovery_hold_raise
 -- restore-hold: set both holds, start the next hold epoch and open its recovery record
--- with the operator's reference $1 (text). Answers the new epoch.
+-- with the operator's reference. Answers the new epoch (no row without a hold row).
+-- $1 reason (text): the operator's reference
+-- returns: value (bigint, null)
 WITH raised AS (
     UPDATE {{ns}}.hold
        SET execution_hold = true, admission_hold = true, epoch = epoch + 1,
@@ -29,7 +32,7 @@ SELECT epoch, $1 FROM raised
 RETURNING epoch;
 
 -- name: recovery_snapshot_take
--- restore-hold: record in epoch $1 (bigint) every call step that may have sent a command
+-- restore-hold: record in an epoch every call step that may have sent a command
 -- nobody saw answered, and hold it for review. That is a call step that has not ended and
 -- either has a command whose effect is not accepted (a command key, prepared, or already
 -- uncertain: an earlier snapshot also holds leased steps that never stored a key), or is
@@ -37,6 +40,8 @@ RETURNING epoch;
 -- with an unknown effect and cause restore-snapshot (one already uncertain keeps the cause
 -- it had), not due and without a lease; its run, unless ended, is held with attention.
 -- Answers how many steps and runs the snapshot holds.
+-- $1 epoch (bigint)
+-- returns: row
 WITH found AS (
     SELECT s.run_id, s.step_id
       FROM {{ns}}.step s
@@ -72,8 +77,9 @@ SELECT count(*) AS steps, count(DISTINCT run_id) AS runs FROM found;
 -- restore-hold: every other step still under a lease (waits, choices, finishes) loses it
 -- and is due again, so that a dispatcher claims it afresh after the release. The epoch
 -- raised in the same transaction already keeps the old holder from moving it. A step that
--- can be due keeps its due time (or becomes due now when it had none). No parameters;
--- answers how many leases were dropped.
+-- can be due keeps its due time (or becomes due now when it had none). Answers how many
+-- leases were dropped.
+-- returns: value (bigint)
 WITH dropped AS (
     UPDATE {{ns}}.step
        SET lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -86,15 +92,21 @@ WITH dropped AS (
 SELECT count(*) AS dropped FROM dropped;
 
 -- name: recovery_record_read
--- The recovery record of epoch $1 (bigint); no row when that epoch has none.
+-- The recovery record of an epoch; no row when that epoch has none.
+-- $1 epoch (bigint)
+-- returns: row
 SELECT epoch, execution_recovered_at, restore_released_at, admission_released_at
   FROM {{ns}}.recovery_record
  WHERE epoch = $1;
 
 -- name: recovery_execution_recovered
--- complete-execution-recovery: record in epoch $1's (bigint) recovery record the
--- operator's reference $2 (text) and that the execution history is complete and the prior
--- deployment fenced (the body only validates with both attested). Answers when.
+-- complete-execution-recovery: record in an epoch's recovery record the operator's
+-- reference and that the execution history is complete and the prior deployment fenced
+-- (the body only validates with both attested). Answers when; no row when the epoch has
+-- no recovery record.
+-- $1 epoch (bigint)
+-- $2 reference (text)
+-- returns: value (timestamptz, null)
 UPDATE {{ns}}.recovery_record
    SET execution_recovery_reference = $2,
        execution_history_complete = true,
@@ -104,17 +116,22 @@ UPDATE {{ns}}.recovery_record
 RETURNING execution_recovered_at;
 
 -- name: recovery_snapshot_unresolved
--- How many steps of epoch $1's (bigint) snapshot still need an operator's decision: no
+-- How many steps of an epoch's snapshot still need an operator's decision: no
 -- resolution recorded and the step still uncertain. A step settled or cancelled since, or
 -- explicitly left for retry-same or cancel, no longer counts.
+-- $1 epoch (bigint)
+-- returns: value (bigint)
 SELECT count(*) AS unresolved
   FROM {{ns}}.restore_snapshot rs
   JOIN {{ns}}.step s ON s.run_id = rs.run_id AND s.step_id = rs.step_id
  WHERE rs.epoch = $1 AND rs.resolution IS NULL AND s.state = 'uncertain';
 
 -- name: recovery_execution_release
--- release-restore-hold: lift the execution hold and record in epoch $1's (bigint)
--- recovery record the operator's reference $2 (text) and when.
+-- release-restore-hold: lift the execution hold and record in an epoch's recovery record
+-- the operator's reference and when.
+-- $1 epoch (bigint)
+-- $2 reason (text): the operator's reference
+-- returns: status
 WITH released AS (
     UPDATE {{ns}}.hold
        SET execution_hold = false, updated_at = {{ns}}.now()
@@ -125,9 +142,11 @@ UPDATE {{ns}}.recovery_record
 
 -- name: recovery_admission_release
 -- release-admission-hold: lift the admission hold and record in the latest recovery
--- record the operator's reference $1 (text) with both attestations (the body only
--- validates with them), unless that record's admission release is already recorded.
--- Without such a record only the hold is written.
+-- record the operator's reference with both attestations (the body only validates with
+-- them), unless that record's admission release is already recorded. Without such a
+-- record only the hold is written.
+-- $1 reference (text)
+-- returns: status
 WITH released AS (
     UPDATE {{ns}}.hold
        SET admission_hold = false, updated_at = {{ns}}.now()
@@ -143,19 +162,27 @@ UPDATE {{ns}}.recovery_record r
  WHERE r.epoch = latest.epoch AND r.admission_released_at IS NULL;
 
 -- name: recovery_operator_log
--- Log an operator action: $1 the run it concerns (text, null for deployment-wide ones),
--- $2 its kind (text), $3 its reason or recovery reference (text, null for retain).
+-- Log an operator action.
+-- $1 run_id (text, null): the run it concerns; null for deployment-wide ones
+-- $2 kind (text)
+-- $3 reason (text, null): its reason or recovery reference; null for retain
+-- returns: status
 INSERT INTO {{ns}}.operator_action (run_id, kind, reason) VALUES ($1, $2, $3);
 
 -- name: recovery_retain_check
--- Whether the cutoff $1 (timestamptz) is later than now: retain refuses it (a mistyped year
--- would otherwise erase runs that ended a moment ago).
+-- Whether the cutoff is later than now: retain refuses it (a mistyped year would otherwise
+-- erase runs that ended a moment ago).
+-- $1 before (timestamptz): the cutoff
+-- returns: value (boolean)
 SELECT $1::timestamptz > {{ns}}.now() AS future;
 
 -- name: recovery_retain_preview
--- retain --dry-run: the runs recovery_retain would erase for cutoff $1 (timestamptz) and
--- limit $2 (integer), chosen the same way and in the same order, with nothing locked,
--- written or erased. Answers their ids, oldest ended first.
+-- retain --dry-run: the runs recovery_retain would erase for the same cutoff and limit,
+-- chosen the same way and in the same order, with nothing locked, written or erased.
+-- Answers their ids, oldest ended first.
+-- $1 before (timestamptz): the cutoff
+-- $2 limit (integer)
+-- returns: rows
 SELECT r.id
   FROM {{ns}}.run r
  WHERE r.ended_at IS NOT NULL AND r.erased_at IS NULL
@@ -166,12 +193,15 @@ SELECT r.id
  LIMIT $2;
 
 -- name: recovery_retain
--- Retention: erase the payloads of up to $2 (integer) runs that ended before $1
--- (timestamptz), are not erased yet and hold no uncertain step, oldest ended first,
--- skipping runs another transaction has locked. For each: tombstone its start identity
--- and every command key its steps used, forget the start identity, delete every payload
--- row (a step's command reference becomes null with it) and stamp erased_at. Ids, states,
--- outcomes, failures and timings stay. Answers the erased run ids, oldest ended first.
+-- Retention: erase the payloads of up to limit runs that ended before the cutoff, are not
+-- erased yet and hold no uncertain step, oldest ended first, skipping runs another
+-- transaction has locked. For each: tombstone its start identity and every command key its
+-- steps used, forget the start identity, delete every payload row (a step's command
+-- reference becomes null with it) and stamp erased_at. Ids, states, outcomes, failures
+-- and timings stay. Answers the erased run ids, oldest ended first.
+-- $1 before (timestamptz): the cutoff
+-- $2 limit (integer)
+-- returns: rows
 WITH chosen AS (
     SELECT r.id, r.ended_at
       FROM {{ns}}.run r

@@ -2,8 +2,10 @@
 -- the rows into the status and inspection documents). None of them touches a payload.
 
 -- name: run_read
--- One run by id $1 (text), with the version of the package it was admitted under.
--- No row when there is no such run.
+-- One run, with the version of the package it was admitted under; no row when there is
+-- no such run.
+-- $1 run_id (text)
+-- returns: row
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
@@ -13,8 +15,10 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
  WHERE r.id = $1;
 
 -- name: run_steps
--- The steps run $1 (text) has reached, in the order it reached them. Only the columns
--- inspection shows: never the command, its key or the lease.
+-- The steps a run has reached, in the order it reached them. Only the columns inspection
+-- shows: never the command, its key or the lease.
+-- $1 run_id (text)
+-- returns: rows
 SELECT step_id, seq, step_type, state, attempts, effect, cause, cause_status, due_at,
        next_check_at, timeout_at, checks, started_at, ended_at
   FROM {{ns}}.step

@@ -17,10 +17,16 @@
 -- the planned check.
 
 -- name: waits_plan_check
--- Before reading the result for step $2 (text) of run $1 (text), locked by
--- dispatcher_step_lock: the step is waiting, found by the keyed digest $3 (bytea; a
--- completion event carries the same), times out at $4 (timestamptz, kept when one is set
--- already; null for no timeout), and its following check is $5 (float8) seconds from now.
+-- Before reading the result for a step locked by dispatcher_step_lock: the step is
+-- waiting, found by the keyed digest match (a completion event carries the same), times
+-- out at timeout_at (kept when one is set already), and its following check is delay
+-- seconds from now.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 match (bytea)
+-- $4 timeout_at (timestamptz, null): null for no timeout
+-- $5 delay (float8)
+-- returns: row
 UPDATE {{ns}}.step
    SET state = 'waiting',
        wait_match = $3::bytea,
@@ -31,10 +37,13 @@ UPDATE {{ns}}.step
 RETURNING next_check_at, timeout_at;
 
 -- name: waits_schedule
--- A read of step $2 (text) of run $1 (text), locked by dispatcher_step_lock, found no
--- decision (or failed): count the check, make the step due at its next check or its
--- timeout, whichever comes first, and give up the lease. A completion event that arrived
--- during the read had set next_check_at to its own instant, so the step is due at once.
+-- A read of a step locked by dispatcher_step_lock found no decision (or failed): count
+-- the check, make the step due at its next check or its timeout, whichever comes first,
+-- and give up the lease. A completion event that arrived during the read had set
+-- next_check_at to its own instant, so the step is due at once.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: row
 UPDATE {{ns}}.step
    SET checks = checks + 1,
        due_at = least(next_check_at, timeout_at),
@@ -44,17 +53,23 @@ UPDATE {{ns}}.step
 RETURNING due_at;
 
 -- name: waits_last_check
--- Count the read of step $2 (text) of run $1 (text), locked by dispatcher_step_lock, that
--- ends the wait (a decision, or the timeout); no further check is planned.
+-- Count the read of a step locked by dispatcher_step_lock that ends the wait (a
+-- decision, or the timeout); no further check is planned.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- returns: status
 UPDATE {{ns}}.step
    SET checks = checks + 1, next_check_at = NULL, updated_at = {{ns}}.now()
  WHERE run_id = $1 AND step_id = $2;
 
 -- name: waits_run_attention
--- Set run $1's (text) attention to $2 (boolean) while it waits: true when the product
--- refused to show it the result, false again once a read is answered. Attention is never
--- cleared from a run with an uncertain step (that is an operator's business), a call whose
--- token the issuer refused, or an ended run. Answers the run id when something changed.
+-- Set a run's attention while it waits: true when the product refused to show it the
+-- result, false again once a read is answered. Attention is never cleared from a run with
+-- an uncertain step (that is an operator's business), a call whose token the issuer
+-- refused, or an ended run. Answers the run id when something changed.
+-- $1 run_id (text)
+-- $2 attention (boolean)
+-- returns: row
 UPDATE {{ns}}.run r
    SET attention = $2::boolean, updated_at = {{ns}}.now()
  WHERE r.id = $1
@@ -68,11 +83,13 @@ UPDATE {{ns}}.run r
 RETURNING r.id;
 
 -- name: waits_wake
--- A completion event for the result whose keyed digest is $1 (bytea): bring the next check
+-- A completion event for the result whose keyed digest is match: bring the next check
 -- of the waiting step that awaits it forward to now (an earlier due time is kept). Finds
 -- the step through the partial index step_wait_match; a step of an ended run is left
 -- alone. Admission may change only due_at, next_check_at and updated_at. Answers the run
 -- of each step woken (none for an unknown review).
+-- $1 match (bytea)
+-- returns: rows
 UPDATE {{ns}}.step s
    SET due_at = CASE WHEN s.due_at IS NULL OR s.due_at > {{ns}}.now()
                      THEN {{ns}}.now() ELSE s.due_at END,

@@ -1,0 +1,68 @@
+"""The structured header of a query: its ``-- $n name (type)`` and ``-- returns:`` lines,
+from which scripts/gen_query_names.py writes one typed call per query."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.db.queries import SqlType, load, query_spec
+
+
+def test_a_header_names_and_types_every_parameter_and_the_result() -> None:
+    spec = query_spec(
+        "probe",
+        "-- Ends a step.\n"
+        "-- $1 run_id (text): the run\n"
+        "-- $2 names (text[], null items)\n"
+        "-- $3 reason (text, null for a retry)\n"
+        "-- returns: value (bigint, null)\n"
+        "SELECT count(*) FROM t WHERE a = $1 AND b = ANY($2) AND c = $3",
+    )
+    assert [(p.number, p.name) for p in spec.parameters] == [
+        (1, "run_id"),
+        (2, "names"),
+        (3, "reason"),
+    ]
+    assert [p.type.python(accepting=True) for p in spec.parameters] == [
+        "str",
+        "Sequence[str | None]",
+        "str | None",
+    ]
+    assert spec.returns == "value"
+    assert spec.value_type is not None
+    assert spec.value_type.python(accepting=False) == "int | None"
+    # The parameter descriptions join the prose the wrapper's docstring is made of.
+    assert spec.doc == "Ends a step. ``run_id``: the run."
+
+
+@pytest.mark.parametrize(
+    ("header", "words"),
+    [
+        ("-- $1 run_id (text)\n-- returns: row\n", "uses 2 parameters, names 1"),
+        ("-- $2 run_id (text)\n-- $1 b (text)\n-- returns: row\n", r"\$2 is out of order"),
+        ("-- $1 a (text)\n-- $2 a (text)\n-- returns: row\n", "'a' is taken"),
+        ("-- $1 conn (text)\n-- $2 b (text)\n-- returns: row\n", "'conn' is taken"),
+        ("-- $1 a (varchar)\n-- $2 b (text)\n-- returns: row\n", "unknown type 'varchar'"),
+        ("-- $1 a (text, null items)\n-- $2 b (text)\n-- returns: row\n", "needs a list"),
+        ("-- $1 (text) the run\n-- $2 b (text)\n-- returns: row\n", "malformed parameter"),
+        ("-- $1 a (text)\n-- $2 b (text)\n-- returns: value\n", "malformed or repeated"),
+        ("-- $1 a (text)\n-- $2 b (text)\n-- returns: many\n", "malformed or repeated"),
+        ("-- $1 a (text)\n-- $2 b (text)\n-- returns: row\n-- returns: row\n", "repeated"),
+        ("-- $1 a (text)\n-- $2 b (text)\n", "no '-- returns:' line"),
+    ],
+)
+def test_a_header_that_does_not_fit_its_statement_is_refused(header: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        query_spec("probe", header + "SELECT $1, $2")
+
+
+def test_a_list_type_is_a_sequence_accepted_and_a_list_given() -> None:
+    declared = SqlType.parse("bigint[], null", "probe")
+    assert declared.python(accepting=True) == "Sequence[int] | None"
+    assert declared.python(accepting=False) == "list[int] | None"
+
+
+def test_every_shipped_query_has_a_structured_header() -> None:
+    specs = [query_spec(name, sql) for name, sql in load().items()]
+    assert len(specs) > 100
+    assert {spec.returns for spec in specs} == {"rows", "row", "status", "value"}
