@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from admission import start as start_module
-from admission.start import Admitter, admit, canonical_input
+from admission.start import admit, canonical_input
 from core.clock import ENV_VAR, write_test_clock
 from core.crypto import Sealed, keyring_from_config, open_
-from core.errors import CoordinatorError
 from core.runs import RUN_STATES
 from devstack.postgres import DatabaseHandle
+from tests.helpers.admitting import admitter, refused
 from tests.helpers.deployment import migration_connection
 from tests.helpers.serving import Caller, Served, served
 
@@ -37,17 +37,6 @@ MARKER = "MARKER-7f3c91d2"
 async def env(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Served]:
     async with served(tmp_path, database, components=("admission",)) as made:
         yield made
-
-
-def admitter(env: Served) -> Admitter:
-    return Admitter.from_runtime(env.runtime, env.store("admission"))
-
-
-async def refused(code: str, action: Any) -> CoordinatorError:
-    with pytest.raises(CoordinatorError) as caught:
-        await action
-    assert caught.value.code == code, caught.value
-    return caught.value
 
 
 async def test_a_start_writes_run_bindings_sealed_input_identity_and_first_step(

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from admission.start import Admitter
 from core import derive
 from core.clock import timestamp
 from core.errors import CoordinatorError
 from core.runtime import Store
 from devstack.postgres import DatabaseHandle
+from tests.helpers.admitting import admitter, refused
 from tests.helpers.deployment import migration_connection
 from tests.helpers.serving import Caller, Served, served
 
@@ -43,17 +43,6 @@ TABLES = (*WRITTEN, "tombstone")
 async def env(tmp_path: Path, database: DatabaseHandle) -> AsyncIterator[Served]:
     async with served(tmp_path, database, components=("admission",)) as made:
         yield made
-
-
-def admitter(env: Served) -> Admitter:
-    return Admitter.from_runtime(env.runtime, env.store("admission"))
-
-
-async def refused(code: str, action: Any) -> CoordinatorError:
-    with pytest.raises(CoordinatorError) as caught:
-        await action
-    assert caught.value.code == code, caught.value
-    return caught.value
 
 
 async def counts(env: Served) -> dict[str, int]:
