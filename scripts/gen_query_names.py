@@ -180,8 +180,12 @@ def main() -> None:
         help="where to write the typed calls",
     )
     args = parser.parse_args()
-    args.out.write_text(source(), "utf-8")
-    args.statements.write_text(statements_source(), "utf-8")
+    try:
+        names, statements = source(), statements_source()
+    except ValueError as error:  # a query file or header that does not fit: say which
+        raise SystemExit(f"query-names: {error}") from None
+    args.out.write_text(names, "utf-8")
+    args.statements.write_text(statements, "utf-8")
 
 
 if __name__ == "__main__":
