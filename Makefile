@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
+OIDC_STAMP := .cache/oidc-provider/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres systemd-analyze test quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
+.PHONY: help venv postgres oidc-provider systemd-analyze test quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
@@ -38,6 +39,15 @@ $(PG_STAMP): devstack/fetch_postgres.py | $(STAMP)
 
 postgres: $(PG_STAMP)
 
+# The OpenID provider the reliability tests run (panva's oidc-provider on the machine's Node.js):
+# the exact tree of devstack/oidc/package-lock.json, installed with `npm ci`, which checks every
+# package against the lock's sha512 integrity; no package script runs.
+$(OIDC_STAMP): devstack/oidc/package.json devstack/oidc/package-lock.json devstack/oidc_provider.py | $(STAMP)
+	$(BIN)/python -m devstack.oidc_provider
+	@mkdir -p $(dir $(OIDC_STAMP)) && touch $(OIDC_STAMP)
+
+oidc-provider: $(OIDC_STAMP)
+
 # tests/deploy checks the systemd units with `systemd-analyze verify`. Where it is missing,
 # root gets Debian's systemd package (only the tools: no service manager is started);
 # anyone else is told what to install.
@@ -53,7 +63,7 @@ systemd-analyze:
 	  fi; \
 	}
 
-test: $(STAMP) $(PG_STAMP) systemd-analyze
+test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) systemd-analyze
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 quickstart: $(STAMP) $(PG_STAMP)

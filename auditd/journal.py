@@ -20,18 +20,39 @@ key without revealing it (CONTRACT §7.4).
 
 Durability: :meth:`Journal.append` returns only after the lines are written and fsynced.
 Writes run in a worker thread. Appends that arrive while a write is in flight wait and go
-out together in the next write with one fsync (group commit). After a failed write or fsync
-the journal is no longer ready; every later append is refused with
-``audit.response-unavailable`` until the service reopens the file, because what reached the
-disk is unknown.
+out together in the next write with one fsync (group commit).
+
+A failed write or fsync refuses its batch with ``audit.response-unavailable`` and leaves the
+journal not ready, but not for good: the journal remembers the file's length after its last
+good fsync, and the next attempt (the next append, or :meth:`Journal.recover`, which auditd's
+health check calls) first cuts the file back to that length, so no partial line or unsynced
+record of the failed batch stays in the chain, then writes an ``audit-journal.write-failed``
+record (``outcome`` ``recovered``, ``reason`` ``refused:<records refused meanwhile>``) ahead
+of whatever it has to write, and fsyncs. Once that succeeds the journal is ready again.
+
+Safety of the file: it is opened with ``O_NOFOLLOW`` (a symbolic link is refused, never
+followed), must be a regular file that group and others have no access to
+(``audit.journal-insecure``; it is refused, not repaired, because a file others could write
+may already hold lines nobody in this process wrote), and is held under an exclusive
+``flock`` for as long as it is open: a second writer, another auditd or
+``coordinatorctl audit seal-tail``, is refused with ``audit.journal-locked`` instead of
+interleaving lines with the first and breaking the chain.
+
+A torn last line (a write cut short by a full disk or a crash: no newline, or not a record)
+is never appended to: opening refuses with :class:`TornTail` until the operator seals it
+with ``coordinatorctl audit seal-tail`` (:mod:`auditd.seal`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import stat
@@ -45,6 +66,9 @@ from core.clock import timestamp
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.keys import fingerprint
+from core.logs import NOTICE
+
+log = logging.getLogger("coordinator.auditd")
 
 GENESIS_PREV: Final = "0" * 64
 REF_LENGTH: Final = 32
@@ -54,6 +78,15 @@ SEGMENT_ACTION: Final = "audit-key.segment"
 SEGMENT_STARTED: Final = "started"
 SEGMENT_CHANGED: Final = "changed"
 FINGERPRINT_PREFIX: Final = "fingerprint:"
+
+RECOVERY_ACTION: Final = "audit-journal.write-failed"
+"""The first record written after a failed write or fsync (``outcome`` ``recovered``)."""
+RECOVERED: Final = "recovered"
+REFUSED_PREFIX: Final = "refused:"
+"""``reason`` of a recovery record: ``refused:<records refused while the journal failed>``."""
+SEAL_ACTION: Final = "audit-journal.torn-tail"
+"""The record ``coordinatorctl audit seal-tail`` writes after moving a torn line aside."""
+SEALED: Final = "sealed"
 
 RECORD_KEYS: Final = (
     "seq",
@@ -138,41 +171,91 @@ class JournalTail:
     """What :func:`read_tail` learned from an existing journal file."""
 
     last_seq: int
-    """``seq`` of the last line (0 for an empty file)."""
+    """``seq`` of the last complete record (0 for an empty file)."""
     prev: str
-    """Hash of the last line (the genesis value for an empty file)."""
+    """Hash of that record's line (the genesis value for an empty file)."""
     segment_fingerprint: str | None
     """Fingerprint named by the last segment record, if the file has one."""
+    end: int
+    """Length in bytes of the part that can be continued: the whole file unless it is torn."""
+
+
+@dataclass(frozen=True)
+class TornPart:
+    """A last line cut short: everything from ``start`` to the end of the file."""
+
+    line: int
+    """1-based number of the torn line."""
+    start: int
+    """Byte offset where it starts (the length of the good part before it)."""
+    length: int
+    """How many bytes it has."""
+    why: str
+    """What is wrong with it, in words: it has no newline, or it is not a record."""
+
+
+class TornTail(CoordinatorError):
+    """The journal's last line is torn: it can be sealed (:mod:`auditd.seal`), not continued."""
+
+    def __init__(self, path: Path, torn: TornPart) -> None:
+        super().__init__(
+            Code.AUDIT_JOURNAL_BROKEN,
+            f"{path}: line {torn.line} is torn ({torn.length} bytes {torn.why})",
+        )
+        self.torn = torn
 
 
 def read_tail(path: Path) -> JournalTail:
     """Scan an existing journal for its last line and its last segment record.
 
-    Refuses (``audit.journal-broken``, naming the file and line) when the last line is not
-    complete, is not a record, or a segment record cannot be read. It does not verify the
-    whole chain: ``python -m auditd.verify`` does that.
+    Refuses with :class:`TornTail` when the last line is incomplete or not a JSON object,
+    and with ``audit.journal-broken`` (naming the file and line) when the last complete
+    record or the segment record in force cannot be read. It does not verify the whole
+    chain: ``python -m auditd.verify`` does that.
     """
     with path.open("rb") as handle:
-        return _scan(handle, path)
+        tail, torn = scan(handle, path)
+    if torn is not None:
+        raise TornTail(path, torn)
+    return tail
 
 
-def _scan(handle: BinaryIO, path: Path) -> JournalTail:
-    last: bytes | None = None
-    number = 0
-    segment: str | None = None
+def scan(handle: BinaryIO, path: Path) -> tuple[JournalTail, TornPart | None]:
+    """Read a journal from its start: the tail to continue from, and a torn last line if any.
+
+    Only the last line may be torn; the record before it (or the last record, when nothing
+    is torn) must have a valid ``seq`` and ``prev``, or ``audit.journal-broken`` is raised.
+    """
     marker = f'"action":"{SEGMENT_ACTION}"'.encode("ascii")
-    for raw in handle:
-        number += 1
-        if not raw.endswith(b"\n"):
-            raise CoordinatorError(
-                Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: the last line is incomplete"
-            )
-        last = raw[:-1]
-        if marker in last:
-            segment = _segment_fingerprint(path, number, last)
+    # The last two segment lines seen: the newest may be the torn line itself.
+    segments: list[tuple[int, bytes]] = []
+    previous: tuple[int, bytes] | None = None
+    current: tuple[int, bytes] | None = None
+    start = 0
+    size = 0
+    for number, raw in enumerate(handle, start=1):
+        if current is not None:
+            previous = (current[0], current[1][:-1])  # not the last line: it has a newline
+        current = (number, raw)
+        start, size = size, size + len(raw)
+        if marker in raw:
+            segments = [*segments[-1:], (number, raw.removesuffix(b"\n"))]
+    if current is None:
+        return JournalTail(0, GENESIS_PREV, None, 0), None
+    torn: TornPart | None = None
+    if not current[1].endswith(b"\n"):
+        torn = TornPart(current[0], start, len(current[1]), "with no newline")
+    elif _object_or_none(current[1][:-1]) is None:
+        torn = TornPart(current[0], start, len(current[1]), "that are not a record")
+    if torn is None:
+        last: tuple[int, bytes] | None = (current[0], current[1][:-1])
+        end = size
+    else:
+        last, end = previous, start
     if last is None:
-        return JournalTail(last_seq=0, prev=GENESIS_PREV, segment_fingerprint=None)
-    record = _parse(path, number, last)
+        return JournalTail(0, GENESIS_PREV, None, 0), torn
+    number, line = last
+    record = _parse(path, number, line)
     seq = record.get("seq")
     prev = record.get("prev")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
@@ -183,17 +266,22 @@ def _scan(handle: BinaryIO, path: Path) -> JournalTail:
         raise CoordinatorError(
             Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: prev is not valid"
         )
-    return JournalTail(last_seq=seq, prev=line_hash(last), segment_fingerprint=segment)
+    in_force = [segment for segment in segments if segment[0] <= number]
+    segment = _segment_fingerprint(path, *in_force[-1]) if in_force else None
+    return JournalTail(seq, line_hash(line), segment, end), torn
 
 
-def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
+def _object_or_none(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
     except ValueError:
-        raise CoordinatorError(
-            Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record"
-        ) from None
-    if not isinstance(record, dict):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
+    record = _object_or_none(line)
+    if record is None:
         raise CoordinatorError(
             Code.AUDIT_JOURNAL_BROKEN, f"{path}: line {number}: not a JSON record"
         )
@@ -215,11 +303,63 @@ def _segment_fingerprint(path: Path, number: int, line: bytes) -> str:
     return reason[len(FINGERPRINT_PREFIX) :]
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def open_locked(path: Path, flags: int) -> int:
+    """Open the journal file for writing as its one writer: never through a symbolic link,
+    only a regular file that group and others cannot use, under an exclusive ``flock``.
+
+    ``flags`` are added to ``O_RDWR | O_NOFOLLOW | O_CLOEXEC`` (``O_CREAT`` creates the
+    file with mode 0600). The lock lasts until the descriptor is closed.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CoordinatorError(
+                Code.AUDIT_JOURNAL_INSECURE,
+                f"{path}: is a symbolic link; deployment.auditFile must name the file itself",
+            ) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CoordinatorError(Code.AUDIT_JOURNAL_BROKEN, f"{path}: not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise CoordinatorError(
+                Code.AUDIT_JOURNAL_INSECURE,
+                f"{path}: mode {mode:04o} gives group or others access; it must be 0600",
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CoordinatorError(
+                Code.AUDIT_JOURNAL_LOCKED,
+                f"{path}: another process holds the journal (a second auditd, or "
+                "coordinatorctl audit seal-tail); it has one writer at a time",
+            ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+Write = Callable[[int, bytes], int]
+"""``os.write``'s shape: write some bytes to a descriptor, return how many were written."""
+
+
+def _write_all(write: Write, fd: int, data: bytes) -> None:
+    offset = 0
+    while offset < len(data):
+        written = write(fd, data[offset:])
+        if written <= 0:  # a regular file never does this; never spin on it
+            raise OSError(errno.EIO, "the write made no progress")
+        offset += written
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
 
 
 @dataclass
@@ -239,15 +379,19 @@ class Journal:
         tail: JournalTail,
         clock: Callable[[], datetime],
         fsync: Callable[[int], None],
+        write: Write = os.write,
     ) -> None:
         self.path = path
         self._fd: int | None = fd
         self._key = audit_key
         self._seq = tail.last_seq
         self._prev = tail.prev
+        self._end = tail.end
         self._clock = clock
         self._fsync = fsync
-        self._ready = True
+        self._write = write
+        self._failed = False
+        self._refused = 0
         self._pending: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
         self.key_fingerprint = fingerprint(audit_key)
@@ -263,19 +407,26 @@ class Journal:
         *,
         clock: Callable[[], datetime] = _default_clock,
         fsync: Callable[[int], None] = os.fsync,
+        write: Write = os.write,
     ) -> Journal:
         """Open (or create, mode 0600) the journal at ``path`` and resume its chain.
 
         Writes a segment record when the file is new or the audit key changed. Raises
-        ``audit.journal-broken`` when the existing last line cannot be continued.
+        :class:`TornTail` or ``audit.journal-broken`` when the existing last line cannot be
+        continued, ``audit.journal-insecure`` for a symbolic link or a file group or others
+        may use, and ``audit.journal-locked`` while another process holds the file.
+        ``write`` and ``fsync`` are the disk, injectable so tests can make it fail.
         """
         if len(audit_key) != KEY_BYTES:
             raise ValueError(f"the audit key must be {KEY_BYTES} bytes")
         fd, tail = await asyncio.to_thread(_open_file, path, fsync)
-        journal = cls(path, fd, audit_key, tail, clock, fsync)
+        journal = cls(path, fd, audit_key, tail, clock, fsync, write)
         try:
             if tail.segment_fingerprint != journal.key_fingerprint:
-                outcome = SEGMENT_CHANGED if tail.last_seq else SEGMENT_STARTED
+                # "started" opens the first segment (a new file, or one whose only record
+                # seals a torn first line); "changed" follows a segment under another key.
+                started = tail.segment_fingerprint is None
+                outcome = SEGMENT_STARTED if started else SEGMENT_CHANGED
                 seqs = await journal.append(
                     [
                         AuditEntry(
@@ -293,8 +444,8 @@ class Journal:
 
     @property
     def ready(self) -> bool:
-        """False once a write or fsync failed (or after close): appends are refused."""
-        return self._ready and self._fd is not None
+        """False while the last write or fsync has failed, and after close."""
+        return not self._failed and self._fd is not None
 
     @property
     def last_seq(self) -> int:
@@ -304,58 +455,104 @@ class Journal:
     async def append(self, entries: Sequence[AuditEntry]) -> list[int]:
         """Write ``entries`` as consecutive records and fsync; returns their ``seq`` values.
 
-        Raises ``audit.response-unavailable`` when the journal is not ready or the write
-        fails; the caller then withholds the action's answer.
+        Raises ``audit.response-unavailable`` when the journal is closed or the write fails;
+        the caller then withholds the action's answer. After a failure the next append
+        tries the disk again (see the module's notes).
         """
         if not entries:
             return []
-        if not self.ready:
+        return await self._submit(list(entries))
+
+    async def recover(self) -> bool:
+        """After a failed write, try the disk again now; True when the journal takes records.
+
+        Writes nothing while the journal is healthy. Meant for the health check, so the
+        journal becomes ready again when the disk does even if no action arrives.
+        """
+        if self._failed and self._fd is not None:
+            with contextlib.suppress(CoordinatorError):
+                await self._submit([])
+        return self.ready
+
+    async def close(self) -> None:
+        """Finish in-flight writes and close the file; later appends are refused.
+
+        If the last write failed, the file is first cut back to its last good length, so a
+        partial line is not left for the next start to refuse.
+        """
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            await asyncio.to_thread(self._close_file, fd, self._end if self._failed else None)
+
+    async def _submit(self, entries: Sequence[AuditEntry]) -> list[int]:
+        if self._fd is None:
             raise _unavailable()
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(list(entries), future))
+        self._pending.append(_Pending(entries, future))
         if self._writer is None or self._writer.done():
             # A task, not an inline await: appends made before it first runs join its batch.
             self._writer = asyncio.create_task(self._drain())
         return await future
 
-    async def close(self) -> None:
-        """Finish in-flight writes and close the file; later appends are refused."""
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            await asyncio.to_thread(os.close, fd)
-
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            if not self.ready:
+            fd = self._fd
+            if fd is None:
                 _fail(batch)
                 continue
+            healing = self._failed
             try:
-                data, seq, prev, results = self._render(batch)
+                data, seq, prev, results = self._render(batch, healing)
             except Exception as exc:  # a bad clock value: refuse this batch, keep the file
                 for pending in batch:
                     if not pending.future.done():
                         pending.future.set_exception(exc)
                 continue
-            fd = self._fd
-            assert fd is not None  # ready implies open
-            try:
-                await asyncio.to_thread(self._write_and_sync, fd, data)
-            except Exception:
-                # What reached the disk is unknown: stop here, never guess a seq again.
-                self._ready = False
-                _fail(batch)
-                continue
-            self._seq, self._prev = seq, prev
+            if data:
+                try:
+                    cut_to = self._end if healing else None
+                    await asyncio.to_thread(self._write_and_sync, fd, data, cut_to)
+                except Exception as exc:
+                    if not self._failed:
+                        log.error(
+                            "audit journal write failed (%s): records are refused with %s "
+                            "until a write succeeds",
+                            _why(exc),
+                            Code.AUDIT_RESPONSE_UNAVAILABLE.value,
+                        )
+                    self._failed = True
+                    self._refused += sum(len(pending.entries) for pending in batch)
+                    _fail(batch)
+                    continue
+                if healing:
+                    log.log(
+                        NOTICE,
+                        "audit journal writable again; %d records were refused meanwhile",
+                        self._refused,
+                    )
+                self._failed, self._refused = False, 0
+                self._seq, self._prev, self._end = seq, prev, self._end + len(data)
             for pending, seqs in zip(batch, results, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(seqs)
 
-    def _render(self, batch: Sequence[_Pending]) -> tuple[bytes, int, str, list[list[int]]]:
+    def _render(
+        self, batch: Sequence[_Pending], healing: bool
+    ) -> tuple[bytes, int, str, list[list[int]]]:
         lines: list[bytes] = []
         seq, prev = self._seq, self._prev
+        if healing:
+            # The first record after a failure says how many were refused meanwhile.
+            seq += 1
+            entry = AuditEntry(
+                action=RECOVERY_ACTION, outcome=RECOVERED, reason=f"{REFUSED_PREFIX}{self._refused}"
+            )
+            line = serialize(self._record(entry, seq, prev))
+            prev = line_hash(line)
+            lines.append(line)
         results: list[list[int]] = []
         for pending in batch:
             seqs = []
@@ -368,9 +565,22 @@ class Journal:
             results.append(seqs)
         return b"".join(line + b"\n" for line in lines), seq, prev, results
 
-    def _write_and_sync(self, fd: int, data: bytes) -> None:
-        _write_all(fd, data)
+    def _write_and_sync(self, fd: int, data: bytes, cut_to: int | None) -> None:
+        if cut_to is not None:
+            # Whatever the failed write left after the last good record goes: a partial
+            # line, or whole lines whose fsync failed (their callers were refused).
+            os.ftruncate(fd, cut_to)
+        _write_all(self._write, fd, data)
         self._fsync(fd)
+
+    def _close_file(self, fd: int, cut_to: int | None) -> None:
+        try:
+            if cut_to is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, cut_to)
+                    self._fsync(fd)
+        finally:
+            os.close(fd)
 
     def _record(self, entry: AuditEntry, seq: int, prev: str) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -406,17 +616,16 @@ def _fail(batch: Sequence[_Pending]) -> None:
 
 
 def _open_file(path: Path, fsync: Callable[[int], None]) -> tuple[int, JournalTail]:
-    created = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    created = not os.path.lexists(path)
+    fd = open_locked(path, os.O_APPEND | os.O_CREAT)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CoordinatorError(Code.AUDIT_JOURNAL_BROKEN, f"{path}: not a regular file")
         # Read through the descriptor we will append to, so the file judged is the file
         # written even if the path is replaced meanwhile. O_APPEND ignores the offset.
         with os.fdopen(os.dup(fd), "rb") as handle:
             handle.seek(0)
-            tail = _scan(handle, path)
+            tail, torn = scan(handle, path)
+        if torn is not None:
+            raise TornTail(path, torn)
         if created:
             # Make the new file's directory entry durable too, not only its contents.
             dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

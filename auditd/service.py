@@ -2,7 +2,13 @@
 
 Other components (the gateway first of all) send records here and release an answer only
 after this service has written and fsynced them. When the journal cannot be written the
-append is refused with ``audit.response-unavailable`` and the component reports not ready.
+append is refused with ``audit.response-unavailable`` and the component reports not ready
+(``audit-unavailable``) until a write succeeds again: the next append tries the disk again,
+and so does each health check while no append arrives, so ``/ready`` turns back by itself
+once the disk does.
+
+A journal that cannot be opened stops auditd with one line naming the journal's code, the
+file and, for a torn last line, the command that seals it.
 """
 
 from __future__ import annotations
@@ -10,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 
-from auditd.journal import AuditEntry, Journal
+from auditd.journal import AuditEntry, Journal, TornTail, Write
 from core import logs
+from core.errors import CoordinatorError
 from core.metrics import gauge, render
 from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
@@ -63,7 +73,10 @@ class AuditService(pb_grpc.AuditServicer):
 
     @refusals
     async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:
-        reasons = [] if self.journal.ready else ["audit-unavailable"]
+        # While the journal is failing, each check tries the disk again (one write at most,
+        # shared with any append in flight), so readiness returns without waiting for traffic.
+        ready = self.journal.ready or await self.journal.recover()
+        reasons = [] if ready else ["audit-unavailable"]
         return pb.Health(
             store_ready=self.store.available,
             activation_ready=self.store.activation is not None,
@@ -75,8 +88,8 @@ class AuditService(pb_grpc.AuditServicer):
         return pb.MetricsText(text=await self.metrics_text())
 
     async def metrics_text(self) -> str:
-        """The journal's readiness gauge as exposition text."""
-        ready = 1 if self.journal.ready else 0
+        """The journal's readiness gauge as exposition text (trying a failed disk again)."""
+        ready = 1 if self.journal.ready or await self.journal.recover() else 0
         audit_ready = gauge(
             "coordinator_audit_ready", "1 when the audit journal accepts records.", [((), ready)]
         )
@@ -100,11 +113,44 @@ async def record_segment(store: Store, journal: Journal) -> None:
         )
 
 
-async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
-    """Open the journal and the store, verify the activation, serve until cancelled."""
+async def open_journal(
+    path: Path,
+    key: bytes,
+    runtime_file: Path,
+    *,
+    write: Write = os.write,
+    fsync: Callable[[int], None] = os.fsync,
+) -> Journal:
+    """Open the journal, or refuse with one line: the journal's code, what is wrong and,
+    for a torn last line, the command that seals it."""
+    try:
+        return await Journal.open(path, key, write=write, fsync=fsync)
+    except TornTail as torn:
+        raise CoordinatorError(
+            torn.code,
+            f"{torn.code}: {torn.detail}; with auditd stopped, seal it with "
+            f"`coordinatorctl --runtime-config {runtime_file} audit seal-tail`",
+        ) from None
+    except CoordinatorError as refused:
+        raise CoordinatorError(refused.code, f"{refused.code}: {refused.detail}") from None
+
+
+async def serve(
+    runtime: Runtime,
+    started: asyncio.Event | None = None,
+    *,
+    write: Write = os.write,
+    fsync: Callable[[int], None] = os.fsync,
+) -> None:
+    """Open the journal and the store, verify the activation, serve until cancelled.
+
+    ``write`` and ``fsync`` are the journal's disk, for tests that make it fail.
+    """
     config = runtime.config
     key = runtime.resolver.read_key(config.deployment.audit_key_ref)
-    journal = await Journal.open(config.deployment.audit_file, key)
+    journal = await open_journal(
+        config.deployment.audit_file, key, config.path, write=write, fsync=fsync
+    )
     store = Store(runtime, "audit")
     grpc_server = server(runtime.endpoints, "auditd")
     service = AuditService(journal, store)

@@ -8,6 +8,12 @@ A changed line shows up at the line that follows it (its ``prev`` no longer matc
 removed or moved line at its own position (``seq`` jumps). The last line has no successor
 to vouch for it: compare the last ``seq`` and line hash with a copy kept elsewhere to detect
 a change to the final record.
+
+The records auditd writes after a failed write (``audit-journal.write-failed``) and the one
+``coordinatorctl audit seal-tail`` writes in place of a torn last line
+(``audit-journal.torn-tail``) are ordinary records in the chain, so a journal that lived
+through either verifies like any other; a torn last line that was never sealed fails here
+as an incomplete line or as not a JSON record.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from auditd.journal import GENESIS_PREV, OPTIONAL_KEYS, RECORD_KEYS, line_hash, serialize
 
@@ -103,8 +109,8 @@ def _line_problem(number: int, raw: bytes, expected_prev: str) -> str | None:
     return None
 
 
-def verify_stream(handle: BinaryIO) -> VerifyResult:
-    """Verify the journal read from a binary stream."""
+def verify_stream(handle: Iterable[bytes]) -> VerifyResult:
+    """Verify the journal read from a binary stream (any iterable of its raw lines)."""
     expected_prev = GENESIS_PREV
     number = 0
     for raw in handle:

@@ -52,8 +52,10 @@ app = typer.Typer(
 )
 workflow_app = typer.Typer(cls=Group, no_args_is_help=True, help="Workflow source commands.")
 keys_app = typer.Typer(cls=Group, no_args_is_help=True, help="Key custody commands.")
+audit_app = typer.Typer(cls=Group, no_args_is_help=True, help="Audit journal commands.")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(keys_app, name="keys")
+app.add_typer(audit_app, name="audit")
 
 
 @dataclass
@@ -185,6 +187,28 @@ def keys_fingerprint(
     g = _globals(ctx, runtime_config, output=output)
     prints = fingerprints(load_runtime_file(_need_runtime(g)))
     render.emit(prints.to_json(), g.output)
+
+
+@audit_app.command("seal-tail")
+def audit_seal_tail(
+    ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
+) -> None:
+    """With auditd stopped, move a torn last line of the journal aside and record the seal."""
+    from auditd.seal import seal_torn_tail
+    from core.config.load import load_runtime_file
+
+    g = _globals(ctx, runtime_config, output=output)
+    journal = load_runtime_file(_need_runtime(g)).deployment.audit_file
+    sealed = seal_torn_tail(journal)
+    if sealed is None:
+        render.emit({"status": "intact", "journal": str(journal)}, g.output)
+        return
+    if g.output == "json":
+        render.emit_json(sealed.to_json())
+    else:
+        typer.echo(f"sealed: {sealed.torn_bytes} torn bytes of {journal}")
+        typer.echo(f"moved to: {sealed.side_file} (sha256 {sealed.torn_sha256})")
+        typer.echo(f"seal record: seq {sealed.seq}")
 
 
 # ------------------------------------------------------------------------- database commands

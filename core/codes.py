@@ -104,9 +104,12 @@ class Code(StrEnum):
     SECRET_INSECURE = "secret.insecure"  # noqa: S105
     SECRET_MALFORMED = "secret.malformed"  # noqa: S105
     AUTH_TOKEN_FILE = "auth.token-file"  # noqa: S105
+    # The audit journal file, met by auditd at startup and by `coordinatorctl audit seal-tail`.
+    AUDIT_JOURNAL_BROKEN = "audit.journal-broken"
+    AUDIT_JOURNAL_LOCKED = "audit.journal-locked"
+    AUDIT_JOURNAL_INSECURE = "audit.journal-insecure"
     # Codes met only inside the service.
     STATE_PAYLOAD_UNAUTHENTIC = "state.payload-unauthentic"
-    AUDIT_JOURNAL_BROKEN = "audit.journal-broken"
 
     @property
     def info(self) -> CodeInfo:
@@ -525,6 +528,47 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
                 "`--token-file`."
             ),
         ),
+        Code.AUDIT_JOURNAL_BROKEN: CodeInfo(
+            title="The audit journal cannot be continued",
+            meaning=(
+                "The audit journal's last line is torn (cut short: no newline, or not a record), "
+                "its last record is not valid, or the file is not a regular file. auditd does not "
+                "start: its line on standard error starts with `deployment.refused: "
+                "audit.journal-broken:`, names the file and line and, for a torn line, the "
+                "command that seals it. `coordinatorctl audit seal-tail` refuses with it when "
+                "the break is anything but a torn last line."
+            ),
+            action=(
+                "A torn last line (a full disk or a crash cut a write short): with auditd "
+                "stopped, run `coordinatorctl audit seal-tail`. Anything else: check the file "
+                "with `python -m auditd.verify`, keep it as evidence and investigate before "
+                "pointing `deployment.auditFile` at a new file."
+            ),
+        ),
+        Code.AUDIT_JOURNAL_LOCKED: CodeInfo(
+            title="Another process holds the audit journal",
+            meaning=(
+                "Another process holds the journal's lock: a second auditd on the same file, or "
+                "`coordinatorctl audit seal-tail` while auditd runs. Two writers would break the "
+                "hash chain, so the second one stops."
+            ),
+            action=(
+                "Run one auditd per journal file; stop auditd before `audit seal-tail`. Find the "
+                "holder with `fuser` or `lsof` on the file."
+            ),
+        ),
+        Code.AUDIT_JOURNAL_INSECURE: CodeInfo(
+            title="The audit journal file is not private",
+            meaning=(
+                "`deployment.auditFile` is a symbolic link, or group or others have access to the "
+                "file. auditd refuses it and changes nothing: a file others could write may hold "
+                "lines auditd never wrote."
+            ),
+            action=(
+                "Name the file itself, not a link. Find out who could have written it, check it "
+                "with `python -m auditd.verify`, then `chmod 600` it."
+            ),
+        ),
         Code.STATE_PAYLOAD_UNAUTHENTIC: CodeInfo(
             title="A stored payload does not authenticate",
             log_only=True,
@@ -536,19 +580,6 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
             action=(
                 "Treat it as tampering or a mixed-up restore: compare the database with its backup,"
                 " and the state keys with their recorded fingerprints."
-            ),
-        ),
-        Code.AUDIT_JOURNAL_BROKEN: CodeInfo(
-            title="The audit journal cannot be continued",
-            log_only=True,
-            meaning=(
-                "The audit journal's last line is incomplete or not a record, or the file is not a "
-                "regular file. auditd does not start; its line on standard error starts with "
-                "`deployment.refused` and names the file and line."
-            ),
-            action=(
-                "Check the file with `python -m auditd.verify` and keep it as evidence; investigate"
-                " before pointing `deployment.auditFile` at a new file."
             ),
         ),
     }

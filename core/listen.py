@@ -1,17 +1,20 @@
-"""Listening sockets on configured addresses, bound before any server starts.
+"""Listening sockets on configured addresses, bound before any server starts, and the
+folder the internal Unix sockets go in, judged before anything is placed in it.
 
-A busy or forbidden address becomes one clear ``deployment.refused`` instead of a server
-library leaving the process with its own message.
+A busy or forbidden address, or a socket folder that is not ours, becomes one clear
+``deployment.refused`` instead of a server library or the system leaving the process with
+its own message.
 """
 
 from __future__ import annotations
 
-import errno
 import socket
+from pathlib import Path
 
 from core.codes import Code
-from core.config.model import BindAddress
+from core.config.model import BindAddress, RuntimeConfig
 from core.errors import CoordinatorError
+from core.rpc.transport import default_socket_dir, errno_name, prepare_socket_folder
 
 
 def bind_socket(bind: BindAddress) -> socket.socket:
@@ -21,9 +24,19 @@ def bind_socket(bind: BindAddress) -> socket.socket:
     try:
         sock = socket.create_server((host, bind.port), family=family, backlog=1024)
     except OSError as exc:
-        name = errno.errorcode.get(exc.errno or 0, "error")
         raise CoordinatorError(
-            Code.DEPLOYMENT_REFUSED, f"cannot listen on {bind} ({name})"
+            Code.DEPLOYMENT_REFUSED, f"cannot listen on {bind} ({errno_name(exc)})"
         ) from None
     sock.setblocking(False)
     return sock
+
+
+def socket_folder(config: RuntimeConfig) -> Path | None:
+    """The folder of the internal Unix sockets, made ready (see :func:`prepare_socket_folder`):
+    ``deployment.internal.socketDir`` or the default folder; None with TCP addresses."""
+    internal = config.deployment.internal
+    if internal is None:
+        return prepare_socket_folder(default_socket_dir(config.namespace))
+    if internal.socket_dir is None:
+        return None
+    return prepare_socket_folder(internal.socket_dir)

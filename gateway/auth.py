@@ -11,7 +11,8 @@ The order of the checks is chosen so an attacker's input costs little and teache
    Keys come only from the configured JWKS (``jwksUrl`` or ``jwksRef``): ``jku``, ``x5u``,
    ``jwk`` and ``x5c`` headers are never read, so a token cannot point at its own key;
 4. the claims: ``iss`` equal to the issuer, ``aud`` containing the audience, ``exp``/``iat``
-   (and ``nbf`` when present) within the clock skew, ``sub`` and ``client_id`` present.
+   (and ``nbf`` when present) numbers a double holds, within the clock skew, ``sub`` and
+   ``client_id`` present as text that UTF-8 can encode.
 
 Every refusal is one :class:`AuthenticationRefused` with the same generic detail; the
 ``reason`` attribute says which rule failed, for the server's own log and for tests, and
@@ -231,8 +232,22 @@ def bearer_token(authorization: str | None) -> str:
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        # An integer of hundreds of digits: JSON has no limit, a double does.
+        return None
     return number if math.isfinite(number) else None
+
+
+def _encodable(text: str) -> bool:
+    # ``sub`` and ``client_id`` travel to the components (protobuf, UTF-8) and into the
+    # audit journal: a lone surrogate can be read from JSON but never written on.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _typ_is_access_token(typ: object) -> bool:
@@ -340,7 +355,8 @@ class TokenVerifier:
             raise AuthenticationRefused("signature does not verify") from None
         try:
             claims = json.loads(decoded["payload"])
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: nested deeper than the reader goes.
             raise AuthenticationRefused("payload is not JSON") from None
         if not isinstance(claims, dict):
             raise AuthenticationRefused("payload is not a JSON object")
@@ -454,6 +470,8 @@ class TokenVerifier:
         client_id = claims.get("client_id")
         if not isinstance(client_id, str) or not client_id:
             raise AuthenticationRefused("client_id is missing")
+        if not _encodable(sub) or not _encodable(client_id):
+            raise AuthenticationRefused("sub or client_id is not Unicode text")
         scope = claims.get("scope", "")
         if not isinstance(scope, str):
             raise AuthenticationRefused("scope is malformed")

@@ -2,9 +2,12 @@
 
 Limits (CONTRACT §8): a body is at most :data:`MAX_BODY_BYTES` — refused from its
 ``Content-Length`` before anything is read, and again while streaming, since a chunked body
-announces no length. JSON must be UTF-8, one object, without repeated member names or
-non-finite numbers, and nested at most :data:`MAX_JSON_DEPTH` levels (checked before
-parsing, so a hostile body cannot exhaust the parser's recursion).
+announces no length. JSON must be UTF-8, one object, without repeated member names, and
+nested at most :data:`MAX_JSON_DEPTH` levels (checked before parsing, so a hostile body
+cannot exhaust the parser's recursion). Every value must be one the components can be
+handed: no ``NaN``/``Infinity``, no number beyond the double range (``1e999``, which Python
+reads as infinity) and no lone surrogate (``"\\ud800"``, which UTF-8 and so protobuf cannot
+encode) — checked right after parsing, not left to fail on the way out.
 
 Every refusal is ``request.invalid`` (400) or ``request.too-large`` (413) and names the JSON
 pointer or parameter at fault, never the value that was sent.
@@ -21,6 +24,7 @@ from typing import Any, Final
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 
+from core.canonical import unkept_place
 from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -116,8 +120,21 @@ def _no_constants(name: str) -> Any:
     raise RequestInvalid("the body holds a non-finite number")
 
 
-def parse_json_object(data: bytes) -> dict[str, Any]:
-    """One JSON object from UTF-8 ``data`` under the limits of this module."""
+def refuse_unkept(document: Mapping[str, Any]) -> None:
+    """Refuse a parsed body holding a number beyond the double range or a lone surrogate;
+    the detail names the JSON pointer, never the value."""
+    place = unkept_place(document)
+    if place is not None:
+        pointer, reason = place
+        raise RequestInvalid(f"{pointer}: {reason}" if pointer else f"the body {reason}")
+
+
+def parse_json_object(data: bytes, *, check_values: bool = True) -> dict[str, Any]:
+    """One JSON object from UTF-8 ``data`` under the limits of this module.
+
+    ``check_values=False`` leaves :func:`refuse_unkept` to the caller, for a route that must
+    authenticate the body before it may answer anything but 401.
+    """
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -131,6 +148,8 @@ def parse_json_object(data: bytes) -> dict[str, Any]:
         raise RequestInvalid("the body is not well-formed JSON") from None
     if not isinstance(value, dict):
         raise RequestInvalid("the body is not a JSON object")
+    if check_values:
+        refuse_unkept(value)
     return value
 
 

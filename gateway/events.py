@@ -152,7 +152,9 @@ def authenticate(
     """The verified source and the parsed event; 401 for every failure, the same way."""
     signature = parse_signature(headers[0]) if len(headers) == 1 else None
     try:
-        document = bodies.parse_json_object(body)
+        # Its values are judged once it is authenticated: a signed event holding a number
+        # beyond the double range is 400, an unsigned one 401 like any other.
+        document = bodies.parse_json_object(body, check_values=False)
     except CoordinatorError:
         raise _refused() from None
     named = document.get("source")
@@ -174,6 +176,7 @@ class Event:
 
 def event_of(document: Mapping[str, Any]) -> Event:
     """Check the CloudEvents members; a refusal names the member, never its value."""
+    bodies.refuse_unkept(document)
     if document.get("specversion") != SPEC_VERSION:
         raise bodies.RequestInvalid(f'/specversion: must be "{SPEC_VERSION}"')
     for member in ("id", "type"):

@@ -21,14 +21,16 @@ from starlette.responses import JSONResponse, Response
 
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.rpc.errors import OMITTED_KEY
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 WWW_AUTHENTICATE: Final = 'Bearer error="invalid_token"'
 
 # Members a problem always carries; an error's ``extra`` can never overwrite them.
 _RESERVED: Final = frozenset({"type", "title", "status", "detail", "code", "instance"})
-# Extra members that may travel to a caller: JSON pointers and reasons, never values.
-_SAFE_EXTRAS: Final = frozenset({"errors"})
+# Extra members that may travel to a caller: JSON pointers and reasons, never values, and
+# how many errors the gRPC carrier left out (core/rpc/errors.py bounds what it carries).
+_SAFE_EXTRAS: Final = frozenset({"errors", OMITTED_KEY})
 
 log = logging.getLogger("coordinator.gateway")
 

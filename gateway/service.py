@@ -6,6 +6,10 @@ configured, serves ``/metrics`` and nothing else. Both run in this process and t
 loop. The sockets are bound here, before uvicorn starts, so a busy or forbidden address
 becomes a clear ``deployment.refused`` instead of uvicorn leaving the process.
 
+Both listeners hold each client to ``deployment.listener``'s limits: a request's head must
+arrive within ``headerTimeoutSeconds``, and beyond ``maxConnections`` open connections a
+request is answered 503 ``service.unavailable`` as a problem (:class:`_LimitedH11Protocol`).
+
 Signals are the launcher's business: uvicorn's own handlers are not installed. The servers
 stop gracefully when ``stop`` is set or when the task running :func:`serve` is cancelled.
 """
@@ -16,15 +20,20 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections.abc import Generator, Sequence
 from typing import Final
 
+import h11
 import httpx
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from core import logs
 from core.codes import Code
+from core.config.model import DEFAULT_HEADER_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS
 from core.errors import CoordinatorError
 from core.listen import bind_socket
 from core.runtime import Runtime
@@ -33,6 +42,7 @@ from gateway.auth import TokenVerifier, jwks_source_for
 from gateway.backend import GrpcBackend
 from gateway.completions import AdmissionProducers, CompletionHandler, load_credentials
 from gateway.events import EventHandler, load_sources
+from gateway.problems import problem_response
 from gateway.routes import GatewayContext
 
 log = logging.getLogger("coordinator.gateway")
@@ -40,6 +50,7 @@ log = logging.getLogger("coordinator.gateway")
 JWKS_TIMEOUT_SECONDS: Final = 5.0
 KEY_RETRY_SECONDS: Final = 5.0
 GRACEFUL_SHUTDOWN_SECONDS: Final = 10
+LIMIT_NOTICE_INTERVAL_SECONDS: Final = 10.0
 
 
 class _Server(uvicorn.Server):
@@ -50,26 +61,138 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _config(app: ASGIApp) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        proxy_headers=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
+class _Config(uvicorn.Config):
+    """uvicorn's settings for one listener, with the limits :class:`_LimitedH11Protocol` reads."""
+
+    def __init__(self, app: ASGIApp, *, max_connections: int, header_timeout: float) -> None:
+        super().__init__(
+            app,
+            http=_LimitedH11Protocol,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+            # Not uvicorn's own limit_concurrency: it answers 503 in plain text, and CONTRACT
+            # §8 makes every error a problem document. The protocol does the counting.
+            limit_concurrency=None,
+        )
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+
+
+class _LimitedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol (h11) with a bound on request heads and on connections.
+
+    uvicorn (0.55 as this is written) bounds the idle time between two requests
+    (``timeout_keep_alive``) but neither the wait for a new connection's first request nor
+    the time a head takes once its first bytes came, so a client sending a byte now and then
+    holds a connection forever. Named here rather than left to "auto", the protocol stays h11
+    with these bounds even where httptools is installed.
+    Here, whenever the connection waits for a request (h11's ``IDLE``), the whole head must
+    arrive within ``header_timeout`` of the wait starting; bytes trickling in do not restart
+    it. A late head is not answered: no request was received to answer, and the connection
+    is closed as uvicorn closes an idle one.
+
+    The app is wrapped so that a request arriving while more than ``max_connections``
+    connections are open, or more requests than that are running (uvicorn's own two counts,
+    each including this one), is answered 503 ``service.unavailable`` and its connection
+    closed, leaving the app untouched.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, object],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        if not isinstance(config, _Config):
+            raise TypeError("the gateway's HTTP protocol needs the gateway's uvicorn config")
+        self._header_timeout = config.header_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+        self.app = _within_limit(config.max_connections, server_state, self.app)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._bound_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._bound_head()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._bound_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _bound_head(self) -> None:
+        # Called after every step that can start or end the wait for a request's head.
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(self._header_timeout, self._head_late)
+        else:
+            self._stop_head_timer()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+
+
+def _within_limit(limit: int, state: ServerState, app: ASGIApp) -> ASGIApp:
+    last_notice = -LIMIT_NOTICE_INTERVAL_SECONDS
+
+    async def limited(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal last_notice
+        if len(state.connections) > limit or len(state.tasks) > limit:
+            # Said at most every 10 s: under a flood, one line per refusal would be a flood.
+            now = time.monotonic()
+            if now - last_notice >= LIMIT_NOTICE_INTERVAL_SECONDS:
+                last_notice = now
+                log.warning(
+                    "at deployment.listener.maxConnections (%d): answering 503 meanwhile", limit
+                )
+            refusal = problem_response(
+                Code.SERVICE_UNAVAILABLE,
+                "the service is answering as many connections as it is allowed; retry shortly",
+                instance=None,
+                headers={"Connection": "close"},
+            )
+            await refusal(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return limited
 
 
 async def serve_apps(
-    listeners: Sequence[tuple[ASGIApp, socket.socket]], stop: asyncio.Event | None = None
+    listeners: Sequence[tuple[ASGIApp, socket.socket]],
+    stop: asyncio.Event | None = None,
+    *,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
 ) -> None:
-    """Serve each app on its socket until ``stop`` is set or the caller cancels.
+    """Serve each app on its socket until ``stop`` is set or the caller cancels, each
+    listener with ``max_connections`` and ``header_timeout`` (seconds).
 
     A server that ends by itself takes the others down and is reported as an error.
     """
-    servers = [_Server(_config(app)) for app, _ in listeners]
+    servers = [
+        _Server(_Config(app, max_connections=max_connections, header_timeout=header_timeout))
+        for app, _ in listeners
+    ]
     tasks = [
         asyncio.create_task(server.serve(sockets=[sock]), name="gateway-listener")
         for server, (_, sock) in zip(servers, listeners, strict=True)
@@ -165,7 +288,12 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
         if deployment.metrics_listener is not None:
             logs.serving("gateway", f"http://{deployment.metrics_listener.bind} (metrics)")
         try:
-            await serve_apps(listeners, stop)
+            await serve_apps(
+                listeners,
+                stop,
+                max_connections=deployment.listener.max_connections,
+                header_timeout=deployment.listener.header_timeout_seconds,
+            )
         finally:
             stopping.set()
             keys.cancel()

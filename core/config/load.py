@@ -26,10 +26,14 @@ from core.config.model import (
     CLIENT_ASSERTION_AUDIENCES,
     DEFAULT_ALGORITHMS,
     DEFAULT_CLOCK_SKEW_SECONDS,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
+    DEFAULT_MAX_CONNECTIONS,
     DEPLOYMENT_ACTIONS,
     INTERNAL_COMPONENTS,
     LOG_FORMATS,
     LOG_LEVELS,
+    MAX_CONNECTIONS_LIMIT,
+    MAX_HEADER_TIMEOUT_SECONDS,
     REQUIRED_INTERNAL_COMPONENTS,
     RUN_ACTIONS,
     TLS_TERMINATION,
@@ -398,12 +402,32 @@ def _pin(value: object, path: str, context: Context) -> PackagePin:
 
 def _listener(value: object, path: str, problems: Problems) -> Listener:
     block = r.mapping(
-        value, path, problems, required=("bind", "tlsTermination"), optional=("publicUrl",)
+        value,
+        path,
+        problems,
+        required=("bind", "tlsTermination"),
+        optional=("publicUrl", "maxConnections", "headerTimeoutSeconds"),
     )
     termination = block.read("tlsTermination", _tls_termination)
     public_url = block.optional("publicUrl", None, r.url)
     bind = block.read("bind", r.bind)
-    return Listener(bind=need(bind), tls_termination=need(termination), public_url=need(public_url))
+    max_connections = block.optional(
+        "maxConnections", DEFAULT_MAX_CONNECTIONS, r.integer, low=1, high=MAX_CONNECTIONS_LIMIT
+    )
+    header_timeout = block.optional(
+        "headerTimeoutSeconds",
+        DEFAULT_HEADER_TIMEOUT_SECONDS,
+        r.integer,
+        low=1,
+        high=MAX_HEADER_TIMEOUT_SECONDS,
+    )
+    return Listener(
+        bind=need(bind),
+        tls_termination=need(termination),
+        public_url=need(public_url),
+        max_connections=need(max_connections),
+        header_timeout_seconds=need(header_timeout),
+    )
 
 
 def _tls_termination(value: object, path: str) -> str:

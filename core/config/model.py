@@ -40,6 +40,13 @@ DEPLOYMENT_ACTIONS: Final = (
 TLS_TERMINATION: Final = "operator-controlled-upstream"
 """The only accepted ``listener.tlsTermination``."""
 
+DEFAULT_MAX_CONNECTIONS: Final = 512
+"""``listener.maxConnections`` by default: well under the 1024 open files a process is
+commonly allowed, with room left for the gateway's other sockets."""
+MAX_CONNECTIONS_LIMIT: Final = 65535
+DEFAULT_HEADER_TIMEOUT_SECONDS: Final = 10
+"""``listener.headerTimeoutSeconds`` by default: ample for a terminator on the same network."""
+MAX_HEADER_TIMEOUT_SECONDS: Final = 300
 DEFAULT_CLOCK_SKEW_SECONDS: Final = 60
 DEFAULT_RESULT_CHECK_SECONDS: Final = 900
 DEFAULT_CALL_TIMEOUT_SECONDS: Final = 30
@@ -139,6 +146,13 @@ class Listener:
     """Always ``operator-controlled-upstream``."""
     public_url: str | None
     """The URL clients use, for problem ``instance`` and completion URLs; optional."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Connections served at once (1..65535); beyond them a request is answered 503
+    ``service.unavailable`` and its connection closed. Requests still running after their
+    client left count too."""
+    header_timeout_seconds: int = DEFAULT_HEADER_TIMEOUT_SECONDS
+    """Seconds (1..300) a request's head may take to arrive in full, counted from the
+    connection opening or the previous answer on it; then the connection is closed."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,13 @@
 """Refusals across gRPC: a CoordinatorError leaves a servicer as a status plus trailing
 metadata and is rebuilt, code and detail intact, on the calling side.
+
+Trailing metadata is small: gRPC refuses a call whose metadata passes 8 KiB in all. So
+what travels is bounded by design, never cut mid-way: the detail to
+:data:`MAX_DETAIL_CHARS`, and the extra members (JSON) to :data:`MAX_EXTRA_CHARS`. An
+``errors`` list (input.invalid's JSON pointers) keeps its first entries, at most
+:data:`MAX_CARRIED_ERRORS` and as many as fit, and ``errorsOmitted`` counts the rest.
+Extra members that still do not fit are left behind, logged by size; the code and detail
+always arrive.
 """
 
 from __future__ import annotations
@@ -7,8 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
 
 import grpc
 
@@ -18,6 +26,13 @@ from core.errors import CoordinatorError
 CODE_KEY = "coordinator-code"
 DETAIL_KEY = "coordinator-detail"
 EXTRA_KEY = "coordinator-extra"
+
+MAX_DETAIL_CHARS: Final = 2000
+MAX_EXTRA_CHARS: Final = 4096
+"""With the detail and the keys, well under gRPC's 8 KiB of metadata."""
+MAX_CARRIED_ERRORS: Final = 20
+"""The most ``errors`` entries a refusal carries; ``errorsOmitted`` counts the others."""
+OMITTED_KEY: Final = "errorsOmitted"
 
 log = logging.getLogger("coordinator.rpc")
 
@@ -43,7 +58,40 @@ def status_for(code: Code) -> grpc.StatusCode:
 
 def _metadata_safe(text: str) -> str:
     # gRPC metadata values must be printable ASCII.
-    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in text)[:2000]
+    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in text[:MAX_DETAIL_CHARS])
+
+
+def _compact(value: Any) -> str:
+    # Metadata-safe as it stands: json.dumps escapes all but printable ASCII and DEL.
+    return json.dumps(value, separators=(",", ":")).replace("\x7f", "\\u007f")
+
+
+def carried_extra(extra: Mapping[str, Any]) -> str | None:
+    """The extra members as the JSON text that travels, within :data:`MAX_EXTRA_CHARS`:
+    whole when they fit; else with the first ``errors`` that fit and ``errorsOmitted``;
+    ``None`` when even that does not fit."""
+    errors = extra.get("errors")
+    if isinstance(errors, list) and errors:
+        total = len(errors)
+        # The members around the list, with the count as long as it can be: each entry
+        # kept adds its own length and a comma, so the size is known before encoding.
+        size = len(_compact({**extra, "errors": [], OMITTED_KEY: total}))
+        kept: list[Any] = []
+        for entry in errors[:MAX_CARRIED_ERRORS]:
+            grown = size + len(_compact(entry)) + (1 if kept else 0)
+            if grown > MAX_EXTRA_CHARS:
+                break
+            kept.append(entry)
+            size = grown
+        bounded = {**extra, "errors": kept}
+        if len(kept) < total:
+            bounded[OMITTED_KEY] = total - len(kept)
+        extra = bounded
+    text = _compact(extra)
+    if len(text) > MAX_EXTRA_CHARS:
+        log.warning("refusal members of %d characters left behind", len(text))
+        return None
+    return text
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -61,8 +109,9 @@ def refusals(method: F) -> F:
                 (CODE_KEY, exc.code.value),
                 (DETAIL_KEY, _metadata_safe(exc.detail)),
             ]
-            if exc.extra:
-                metadata.append((EXTRA_KEY, _metadata_safe(json.dumps(exc.extra))))
+            extra = carried_extra(exc.extra) if exc.extra else None
+            if extra is not None:
+                metadata.append((EXTRA_KEY, extra))
             context.set_trailing_metadata(tuple(metadata))
             await context.abort(status_for(exc.code), exc.code.value)
 
@@ -79,8 +128,7 @@ def rebuild(error: grpc.aio.AioRpcError, component: str) -> CoordinatorError:
     text = found.get(CODE_KEY)
     if isinstance(text, str):
         detail = found.get(DETAIL_KEY)
-        extra_text = found.get(EXTRA_KEY)
-        extra = json.loads(extra_text) if isinstance(extra_text, str) else None
+        extra = _extra(found.get(EXTRA_KEY), component)
         code = Code.parse(text)
         if code is None:
             log.error("unknown code %r from the %s component", text, component)
@@ -92,3 +140,16 @@ def rebuild(error: grpc.aio.AioRpcError, component: str) -> CoordinatorError:
         )
     log.error("unexpected gRPC failure from %s: %s", component, error.code().name)
     return CoordinatorError(Code.INTERNAL, f"the {component} component failed unexpectedly")
+
+
+def _extra(text: object, component: str) -> dict[str, Any] | None:
+    # A peer of another version may send members this side cannot read: the refusal
+    # still stands on its code and detail.
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        log.error("unreadable refusal members from the %s component", component)
+        return None
+    return value if isinstance(value, dict) else None

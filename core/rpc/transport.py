@@ -7,7 +7,9 @@ channel is mutual TLS with the configured certificate, key and private root.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ COMPONENTS = ("gateway", "admission", "dispatcher", "recovery", "auditd")
 DEFAULT_DEADLINE_SECONDS = 10.0
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 UNIX_PATH_MAX_BYTES = 107
+SOCKET_DIR_KEY = "deployment.internal.socketDir"
+SOCKET_DIR_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -55,18 +59,66 @@ def default_socket_dir(namespace: str) -> Path:
 
 def unix_endpoints(socket_dir: Path) -> Endpoints:
     """Endpoints on Unix sockets in ``socket_dir`` (created 0700 when missing)."""
-    socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = socket_dir.stat()
-    if info.st_mode & 0o077:
-        os.chmod(socket_dir, 0o700)
-    if info.st_uid != os.geteuid():
-        raise CoordinatorError(
-            Code.DEPLOYMENT_REFUSED,
-            f"{socket_dir}: the internal socket folder belongs to another user",
-        )
+    prepare_socket_folder(socket_dir)
     return Endpoints(
         {name: f"unix:{socket_dir / (name + '.sock')}" for name in COMPONENTS if name != "gateway"}
     )
+
+
+def prepare_socket_folder(folder: Path) -> Path:
+    """Create ``folder`` 0700, or take the one there when it is a real folder of this user and
+    make it 0700; anything else is ``deployment.refused`` naming the socket folder key.
+
+    The owner is judged before the mode is set: setting it first fails on another user's
+    folder with the system's own error or, run by root, changes that user's folder and only
+    then refuses it. The folder is opened without following a symbolic link, and judged and
+    changed through that one descriptor, so what is judged is what is changed.
+    """
+    try:
+        folder.mkdir(mode=SOCKET_DIR_MODE, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise _folder_refused(folder, f"cannot be created ({errno_name(exc)})") from None
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _folder_refused(folder, _unopenable(folder, exc)) from None
+    try:
+        info = os.fstat(handle)
+        if info.st_uid != os.geteuid():
+            raise _folder_refused(
+                folder,
+                "belongs to another user; make the coordinator's user its owner, "
+                "or name a folder of its own",
+            )
+        if stat.S_IMODE(info.st_mode) != SOCKET_DIR_MODE:
+            try:
+                os.fchmod(handle, SOCKET_DIR_MODE)
+            except OSError as exc:
+                raise _folder_refused(folder, f"cannot be made 0700 ({errno_name(exc)})") from None
+    finally:
+        os.close(handle)
+    return folder
+
+
+def _unopenable(folder: Path, exc: OSError) -> str:
+    # Linux answers a symbolic link opened this way with ENOTDIR (ELOOP elsewhere); look at
+    # the entry itself to say which, for the message only.
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        if folder.is_symlink():
+            return "is a symbolic link; name the folder itself"
+        return "is not a folder"
+    return f"cannot be opened ({errno_name(exc)})"
+
+
+def _folder_refused(folder: Path, problem: str) -> CoordinatorError:
+    return CoordinatorError(Code.DEPLOYMENT_REFUSED, f"{SOCKET_DIR_KEY}: {folder} {problem}")
+
+
+def errno_name(exc: OSError) -> str:
+    """The symbolic name of ``exc``'s errno (``EACCES``), for one-line refusals."""
+    return errno.errorcode.get(exc.errno or 0, "error")
 
 
 def _options() -> list[tuple[str, Any]]:

@@ -182,8 +182,12 @@ def secret_forms(path: Path) -> set[str]:
     text = data.decode(errors="replace").strip()
     forms = {data.hex(), base64.b64encode(data).decode().rstrip("=")}
     forms.add(base64.urlsafe_b64encode(data).decode().rstrip("="))
-    if text.startswith("{"):
-        jwk = json.loads(text)
+    try:
+        # A JWK; a random key whose first byte happens to be "{" is not one.
+        jwk = json.loads(text) if text.startswith("{") else None
+    except ValueError:
+        jwk = None
+    if isinstance(jwk, dict):
         forms |= {str(jwk[member]) for member in ("d", "p", "q", "dp", "dq", "qi") if member in jwk}
     elif "://" in text:
         password = urlsplit(text).password
