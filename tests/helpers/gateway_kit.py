@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -37,6 +38,7 @@ from gateway.backend import (
 )
 from gateway.policies import RunOwner
 from gateway.routes import GatewayContext
+from tests.helpers.runtime_files import write_runtime
 
 ISSUER = "https://issuer.example.org"
 AUDIENCE = "https://coordinator.example.org"
@@ -71,6 +73,25 @@ POLICIES: dict[str, Policy] = {
 def jwks_document() -> dict[str, Any]:
     jwk = ECAlgorithm.to_jwk(SIGNING_KEY.public_key(), as_dict=True)
     return {"keys": [{**jwk, "kid": KID, "alg": "ES256", "use": "sig"}]}
+
+
+def gateway_runtime_file(
+    directory: Path, document: dict[str, Any], sockets_dir: Path, metrics_port: int
+) -> Path:
+    """Write runtime file ``document`` for a gateway served in-process: its metrics listener
+    on ``metrics_port``, internal sockets in ``sockets_dir``, and this kit's signing key as the
+    issuer's JWKS (a secret file, ES256 only)."""
+    deployment = document["deployment"]
+    deployment["metricsListener"] = {"bind": f"127.0.0.1:{metrics_port}"}
+    deployment["internal"] = {"socketDir": str(sockets_dir)}
+    deployment["authentication"]["signingKeys"] = {"jwksRef": "secret:file/issuer-jwks.json"}
+    deployment["authentication"]["algorithms"] = ["ES256"]
+    secrets = directory / "secrets"
+    secrets.mkdir(mode=0o700)
+    jwks_file = secrets / "issuer-jwks.json"
+    jwks_file.write_text(json.dumps(jwks_document()))
+    jwks_file.chmod(0o600)
+    return write_runtime(directory / "runtime.yaml", document)
 
 
 def mint(

@@ -37,7 +37,7 @@ from core.errors import CoordinatorError
 from core.listen import bind_socket
 from core.runtime import load_runtime
 from gateway.service import serve, serve_apps
-from tests.helpers.gateway_kit import jwks_document
+from tests.helpers.gateway_kit import gateway_runtime_file
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 
 pytestmark = pytest.mark.timeout(60)
@@ -298,17 +298,7 @@ async def test_the_gateway_serves_with_the_limits_of_its_runtime_file(
         tmp_path,
         {"bind": f"127.0.0.1:{port}", "maxConnections": 1, "headerTimeoutSeconds": 1},
     )
-    deployment = document["deployment"]
-    deployment["metricsListener"] = {"bind": f"127.0.0.1:{free_port()}"}
-    deployment["internal"] = {"socketDir": str(sockets_dir)}
-    deployment["authentication"]["signingKeys"] = {"jwksRef": "secret:file/issuer-jwks.json"}
-    deployment["authentication"]["algorithms"] = ["ES256"]
-    secrets = tmp_path / "secrets"
-    secrets.mkdir(mode=0o700)
-    jwks_file = secrets / "issuer-jwks.json"
-    jwks_file.write_text(json.dumps(jwks_document()))
-    jwks_file.chmod(0o600)
-    runtime = load_runtime(write_runtime(tmp_path / "runtime.yaml", document))
+    runtime = load_runtime(gateway_runtime_file(tmp_path, document, sockets_dir, free_port()))
 
     stop = asyncio.Event()
     async with api_bound() as bound:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
 import tempfile
@@ -28,11 +27,11 @@ from tests.helpers.gateway_kit import (
     FakeRecovery,
     bearer,
     context,
-    jwks_document,
+    gateway_runtime_file,
     mint,
     primed,
 )
-from tests.helpers.runtime_files import complete_runtime, write_runtime
+from tests.helpers.runtime_files import complete_runtime
 
 
 def port_of(sock: socket.socket) -> int:
@@ -106,18 +105,8 @@ def sockets_dir() -> Iterator[Path]:
 async def test_serve_runs_the_gateway_of_a_runtime_file(tmp_path: Path, sockets_dir: Path) -> None:
     document = complete_runtime(tmp_path)
     main_port, metrics_port = free_port(), free_port()
-    deployment = document["deployment"]
-    deployment["listener"]["bind"] = f"127.0.0.1:{main_port}"
-    deployment["metricsListener"] = {"bind": f"127.0.0.1:{metrics_port}"}
-    deployment["internal"] = {"socketDir": str(sockets_dir)}
-    deployment["authentication"]["signingKeys"] = {"jwksRef": "secret:file/issuer-jwks.json"}
-    deployment["authentication"]["algorithms"] = ["ES256"]
-    secrets = tmp_path / "secrets"
-    secrets.mkdir(mode=0o700)
-    jwks_file = secrets / "issuer-jwks.json"
-    jwks_file.write_text(json.dumps(jwks_document()))
-    jwks_file.chmod(0o600)
-    runtime = load_runtime(write_runtime(tmp_path / "runtime.yaml", document))
+    document["deployment"]["listener"]["bind"] = f"127.0.0.1:{main_port}"
+    runtime = load_runtime(gateway_runtime_file(tmp_path, document, sockets_dir, metrics_port))
 
     recovery, audit = FakeRecovery(), FakeAudit()
     servers = [server(runtime.endpoints, name) for name in ("recovery", "auditd")]
