@@ -10,12 +10,13 @@ PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 OIDC_STAMP := .cache/oidc-provider/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres oidc-provider systemd-analyze test quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
+.PHONY: help venv postgres oidc-provider systemd-analyze test reliability-long quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
+	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
 	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query calls"
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
@@ -65,6 +66,10 @@ systemd-analyze:
 
 test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) systemd-analyze
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Not in `make test`: the reliability tier (tests/reliability) with its long variants switched on.
+reliability-long: $(STAMP) $(PG_STAMP) $(OIDC_STAMP)
+	COORDINATOR_RELIABILITY_LONG=1 $(BIN)/python -m pytest tests/reliability $(PYTEST_ARGS)
 
 quickstart: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m devstack.quickstart

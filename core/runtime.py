@@ -154,16 +154,27 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """One pooled connection; losing the database becomes ``service.unavailable``."""
+        """One pooled connection; losing the database becomes ``service.unavailable``.
+
+        A connection that broke under its user counts as the database being away whatever
+        the driver raised: when the server goes while a transaction is open, what surfaces
+        is often a bare ``InterfaceError`` from leaving the transaction block (the
+        connection is closed), not one of the connection errors :func:`translate` knows.
+        """
+        lost = False
         try:
             async with self.pool.acquire() as conn:
-                yield conn
+                try:
+                    yield conn
+                except Exception:
+                    lost = _lost(conn)
+                    raise
             self.available = True
         except CoordinatorError:
             raise
         except Exception as exc:
             coded = translate(exc, RUNTIME_LABEL)
-            if coded is not None and coded.code == Code.STORE_UNAVAILABLE:
+            if lost or (coded is not None and coded.code == Code.STORE_UNAVAILABLE):
                 self.notice_unavailable()
                 raise CoordinatorError(
                     Code.SERVICE_UNAVAILABLE, "the database cannot be reached"
@@ -174,6 +185,16 @@ class Store:
         """Close the pool, waiting at most a few seconds for connections to return."""
         if self._pool is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await self._pool.close()
             self._pool.terminate()
             self._pool = None
+
+
+def _lost(conn: asyncpg.Connection) -> bool:
+    """Whether a pooled connection broke while it was in use: it is closed, or the pool has
+    taken it back already, which asyncpg does as soon as a connection it lent out closes."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True

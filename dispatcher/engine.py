@@ -172,8 +172,11 @@ class Dispatcher:
         try:
             while True:
                 delay = await self._look()
+                # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that
+                # arrives with the wake-up, and the loop would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
         finally:
             self.stopping = True
             listening.cancel()
@@ -253,15 +256,21 @@ class Dispatcher:
         except asyncio.CancelledError:
             await self._give_back(claimed, flight, 0.0)
             raise
+        except CoordinatorError as exc:
+            if exc.code == Code.SERVICE_UNAVAILABLE:
+                # Expected while the database is away: the store says so itself
+                # (``store-unavailable``, rate-limited); the step is only paused.
+                log.warning(
+                    "step %s of run %s paused: the database cannot be reached; "
+                    "it will be tried again",
+                    claimed.step_id,
+                    claimed.run_id,
+                )
+            else:
+                _unexpected(claimed, exc)
+            await self._give_back(claimed, flight, self.settings.error_retry_seconds)
         except Exception as exc:
-            detail = exc.detail if isinstance(exc, CoordinatorError) else ""
-            log.error(
-                "step %s of run %s failed unexpectedly (%s%s); it will be tried again",
-                claimed.step_id,
-                claimed.run_id,
-                type(exc).__name__,
-                f": {detail}" if detail else "",
-            )
+            _unexpected(claimed, exc)
             await self._give_back(claimed, flight, self.settings.error_retry_seconds)
         finally:
             renewing.cancel()
@@ -346,3 +355,14 @@ class Dispatcher:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=GIVE_BACK_SECONDS + 1.0)
+
+
+def _unexpected(claimed: Claimed, exc: Exception) -> None:
+    detail = exc.detail if isinstance(exc, CoordinatorError) else ""
+    log.error(
+        "step %s of run %s failed unexpectedly (%s%s); it will be tried again",
+        claimed.step_id,
+        claimed.run_id,
+        type(exc).__name__,
+        f": {detail}" if detail else "",
+    )

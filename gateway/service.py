@@ -221,7 +221,8 @@ async def _fetch_keys(verifier: TokenVerifier, stopping: asyncio.Event) -> None:
     while not await verifier.refresh():
         log.warning("the issuer's signing keys could not be fetched; retrying")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), KEY_RETRY_SECONDS)
+            async with asyncio.timeout(KEY_RETRY_SECONDS):
+                await stopping.wait()
         if stopping.is_set():
             return
 

@@ -384,7 +384,7 @@ def test_retention_erases_the_payloads_of_ended_runs_and_keeps_tombstones(
     live = stack.start_run(workflow=WAIT_PLAIN)
     stack.wait_state(live, ("waiting",), "a live run")
     payloads = "SELECT count(*) AS n FROM {ns}.payload WHERE run_id = $1"
-    assert stack._owner_fetch(payloads, run_id)[0]["n"] > 0
+    assert stack.owner_fetch(payloads, run_id)[0]["n"] > 0
 
     # The run ended at the pinned instant: a cutoff just after it, once the clock has moved
     # past the cutoff (a cutoff later than now is refused). The coordinator's pinned clock
@@ -397,7 +397,7 @@ def test_retention_erases_the_payloads_of_ended_runs_and_keeps_tombstones(
     looked = stack.post("/v1/operator/retain", {"before": cutoff, "limit": 100, "dryRun": True})
     assert looked.status_code == 200, looked.text
     assert run_id in looked.json()["runIds"] and looked.json()["erased"] == 0
-    assert stack._owner_fetch(payloads, run_id)[0]["n"] > 0
+    assert stack.owner_fetch(payloads, run_id)[0]["n"] > 0
     answer = stack.post("/v1/operator/retain", {"before": cutoff, "limit": 100})
     assert answer.status_code == 200, answer.text
     erased = answer.json()
@@ -405,9 +405,9 @@ def test_retention_erases_the_payloads_of_ended_runs_and_keeps_tombstones(
 
     assert run_id in erased["runIds"]
     assert live not in erased["runIds"]
-    assert stack._owner_fetch(payloads, run_id)[0]["n"] == 0
-    assert stack._owner_fetch(payloads, live)[0]["n"] > 0
-    tombstones = stack._owner_fetch(
+    assert stack.owner_fetch(payloads, run_id)[0]["n"] == 0
+    assert stack.owner_fetch(payloads, live)[0]["n"] > 0
+    tombstones = stack.owner_fetch(
         "SELECT kind, value FROM {ns}.tombstone WHERE run_id = $1", run_id
     )
     assert {row["kind"] for row in tombstones} == {"start-identity", "command-key"}

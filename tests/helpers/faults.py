@@ -318,7 +318,7 @@ class FaultStack:
         assert status["state"] == "succeeded", status
         return run_id
 
-    def _owner_fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+    def owner_fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         """Rows of one query run as the schema owner; ``{ns}`` is the quoted namespace."""
         namespace = quote_ident(str(self.local.summary["namespace"]))
 
@@ -334,7 +334,7 @@ class FaultStack:
 
     def step_row(self, run_id: str) -> dict[str, Any] | None:
         """The call step's row, read as the schema owner (also while the coordinator is down)."""
-        rows = self._owner_fetch(
+        rows = self.owner_fetch(
             "SELECT state, effect, lease_owner, command_key, attempts"
             " FROM {ns}.step WHERE run_id = $1 AND step_id = $2",
             run_id,
@@ -344,7 +344,7 @@ class FaultStack:
 
     def stored_run_ids(self) -> list[str]:
         """The ids of every run row in the database, read as the schema owner."""
-        return [str(row["id"]) for row in self._owner_fetch("SELECT id FROM {ns}.run")]
+        return [str(row["id"]) for row in self.owner_fetch("SELECT id FROM {ns}.run")]
 
     # ---- the stand-in
 

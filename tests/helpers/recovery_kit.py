@@ -385,7 +385,7 @@ class RecoveryStack(FaultStack):
 
     def steps_of(self, run_id: str) -> list[dict[str, Any]]:
         """Every step row of the run, read as the schema owner."""
-        return self._owner_fetch(
+        return self.owner_fetch(
             "SELECT step_id, seq, state, effect, lease_owner, command_key"
             " FROM {ns}.step WHERE run_id = $1 ORDER BY seq",
             run_id,

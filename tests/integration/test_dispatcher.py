@@ -5,6 +5,7 @@ product can answer a command (CONTRACT §9.2–§9.4)."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from core.codes import Code
+from core.errors import CoordinatorError
 from devstack.postgres import DatabaseHandle
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settings import DispatchSettings
@@ -383,6 +386,26 @@ async def test_a_stored_command_that_is_not_the_runs_command_is_never_sent(
     assert "failed unexpectedly (CoordinatorError: the step's command payload is missing)" in (
         caplog.text
     )
+
+
+async def test_a_step_paused_by_the_database_going_away_is_a_warning_not_an_error(
+    kit: DispatchKit, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = await kit.start("notice", {"applicantRef": "applicant-32"})
+    dispatcher = await kit.dispatcher()
+
+    async def database_away(*_args: object) -> None:
+        raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached")
+
+    monkeypatch.setattr(dispatcher, "_run_step", database_away)
+    assert await dispatcher.run_once() == 1
+
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["lease_owner"]) == ("ready", None)
+    # The store reports the outage itself (store-unavailable); the step is only paused.
+    paused = [r for r in caplog.records if "paused: the database cannot be reached" in r.message]
+    assert [r.levelname for r in paused] == ["WARNING"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 class AnswerByRecipient:

@@ -55,6 +55,7 @@ from tests.helpers.deployment import TestDeployment, drop_deployment, write_secr
 from tests.helpers.gateway_kit import POLICIES, bearer, client_for, mint, primed, verifier
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 from tests.helpers.serving import serving, socket_runtime
+from tests.reliability.exposure import EXPOSURE
 
 KEY = bytes(range(32))
 START = datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)
@@ -306,6 +307,7 @@ async def test_the_gateway_refuses_and_reports_unready_until_the_disk_returns(
                     refused = await api.get("/v1/operator/doctor", headers=operator)
                     assert refused.status_code == 503
                     assert refused.json()["code"] == "audit.response-unavailable"
+                    EXPOSURE.keep_response("audit-journal/refused", refused)
                     unready = await api.get("/ready")
                     assert unready.status_code == 503
                     assert "audit-unavailable" in unready.json()["reasons"]
@@ -325,6 +327,8 @@ async def test_the_gateway_refuses_and_reports_unready_until_the_disk_returns(
     assert ("audit-journal.write-failed", "recovered") in actions(journal)
     assert actions(journal)[-1] == ("doctor", "ok")
     assert verify_file(journal).ok
+    EXPOSURE.keep_output("audit-journal/audit.jsonl", journal.read_bytes())
+    EXPOSURE.keep_secret("audit-journal/operator-token", operator["Authorization"].split()[-1])
 
 
 # -- 2. a torn last line, refused at start and sealed ----------------------------------------

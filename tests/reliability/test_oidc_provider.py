@@ -17,6 +17,7 @@ that cannot listen fails its start plainly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -59,10 +60,11 @@ from devstack.oidc_provider import (
     is_installed,
     modules_dir,
 )
-from devstack.postgres import PostgresCluster
+from devstack.postgres import DatabaseHandle, PostgresCluster
 from devstack.products.casework import decide
 from devstack.stack import free_port, wait_until
 from gateway.auth import SUPPORTED_ALGORITHMS, HttpJwksSource, TokenVerifier, VerifiedToken
+from tests.reliability.exposure import EXPOSURE
 
 # The flow's tests need the PostgreSQL server (marked so by the fixture they use) and a few
 # seconds; the others need neither.
@@ -124,6 +126,30 @@ class Flow:
         return sum(1 for answer in stats["answers"] if answer["status"] == 202)
 
 
+class RecordingStack(ProviderStack):
+    """A provider stack that remembers every caller token it got, for the secrets check."""
+
+    def caller_token(self, role: str, *, resource: str | None = None) -> str:
+        token = super().caller_token(role, resource=resource)
+        EXPOSURE.keep_secret(f"oidc-flow/{role}-token-{next(_numbers)}", token)
+        return token
+
+
+def keep_what_the_flow_showed(stack: ProviderStack, database: DatabaseHandle) -> None:
+    """The flow's logs, journal and metrics page, and every secret it used (item 7)."""
+    EXPOSURE.keep_logs("oidc-flow", stack)
+    EXPOSURE.keep_secret_files("oidc-flow", stack)
+    EXPOSURE.keep_database("oidc-flow", database)
+    for client_id, secret in stack.caller_secrets.items():
+        EXPOSURE.keep_secret(f"oidc-flow/client-secret-{client_id}", secret)
+    if stack.provider is not None:
+        private = stack.provider.signing_jwk.get("d")
+        if isinstance(private, str):
+            EXPOSURE.keep_secret("oidc-flow/provider-signing-key", private)
+    with contextlib.suppress(httpx.HTTPError):
+        EXPOSURE.keep_response("oidc-flow/metrics", httpx.get(stack.metrics_url + "/metrics"))
+
+
 @pytest.fixture(scope="module")
 def flow(
     postgres_server: PostgresCluster,
@@ -134,7 +160,7 @@ def flow(
     name = f"coordinator_oidc_{os.getpid()}_{next(_numbers)}"
     database = postgres_server.create_database(name)
     built = build_package(ROOT / "examples" / "approval-notice", root / "packages")
-    stack = ProviderStack.prepare(
+    stack = RecordingStack.prepare(
         root / "stack",
         packages=[(built.path, built.digest)],
         database=database,
@@ -152,6 +178,7 @@ def flow(
         asyncio.run(apply(check_runtime_file(stack.runtime_file), []))
         stack.start_coordinator()
         yield Flow(stack, stack.provider)
+        keep_what_the_flow_showed(stack, database)
     finally:
         stack.stop()
         postgres_server.drop_database(name)

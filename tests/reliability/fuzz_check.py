@@ -1,0 +1,280 @@
+"""What every answer to a fuzzed request must be (issue 27, item 3), as one function.
+
+:func:`answer_faults` judges one answer against the request that produced it and lists
+what is wrong with it, in words that name no value:
+
+- a 5xx other than 503;
+- an error (4xx or 5xx) that is not an RFC 9457 problem: not ``application/problem+json``,
+  not a JSON object with ``type``, ``title``, ``status``, ``detail`` and ``code``, a
+  ``status`` other than the answer's, or a ``code`` that ``core/codes.py`` does not give
+  that status (with the ``type`` and ``title`` the catalogue gives it); a 401 without
+  ``WWW-Authenticate``, a 405 without ``Allow``. ``GET /ready`` is the one documented
+  exception: its 503 is the JSON ``{"ready": false, "reasons": [...]}``. A ``HEAD`` answer
+  has no body, so only its media type is judged;
+- an answer (headers or body) holding a credential the fuzzer holds — any token, key or
+  signature, in the forms :func:`credential_forms` lists — or a value the request carried.
+
+Which sent values count: every string of the path, query, headers and body values (a
+body's member names are names, not values: a 422 names the place it refuses with a JSON
+pointer, CONTRACT §8, and a stray member's pointer spells its name) of at least
+:data:`MIN_ECHO_CHARS` characters, less the strings the OpenAPI
+document itself spells (enum members, constants, examples: a service may well answer
+them) and the values the caller was handed by the service before (run ids, workflow ids,
+the event source): an answer naming the run it is about echoes nothing. The problem's
+``instance`` member is the request's path by design (RFC 9457, ``docs/openapi.yaml``), so
+it is judged only for being exactly that; every other member is searched.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import unquote
+
+from core.codes import Code
+
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
+MIN_ECHO_CHARS: Final = 8
+"""Shorter strings turn up in any answer by chance ("running", "00000000" in an id)."""
+MIN_CREDENTIAL_CHARS: Final = 8
+
+PROBLEM_MEMBERS: Final = ("type", "title", "status", "detail", "code")
+CATALOGUE: Final[Mapping[str, Code]] = {
+    code.value: code for code in Code if code.status is not None
+}
+"""Every code the gateway may answer, by its spelling."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the fuzzer sent it."""
+
+    method: str
+    path: str
+    """The path as sent on the wire (percent-encoded)."""
+    query: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    """The JSON value sent, or the raw bytes of a body that is no JSON."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer as the client saw it."""
+
+    status: int
+    headers: Mapping[str, str]
+    """Header names in lower case."""
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What an answer must never hold, beyond the request's own values."""
+
+    credentials: Collection[str] = ()
+    """Every token, key (as text) and signature the fuzzer holds or sent."""
+    known: Collection[str] = ()
+    """Values the service handed out or the deployment names (run ids, workflow ids, the
+    event source): an answer may carry them back."""
+    document_strings: Collection[str] = ()
+    """Every string the OpenAPI document spells."""
+    public_url: str = ""
+    """Prefix of the problem ``instance`` member (``deployment.listener.publicUrl``)."""
+
+
+def answer_faults(sent: Sent, answer: Answer, secrets: Secrets) -> list[str]:
+    """What is wrong with ``answer`` to ``sent``; empty when nothing is."""
+    faults: list[str] = []
+    if answer.status >= 500 and answer.status != 503:
+        faults.append(f"answered {answer.status}")
+    document = _json(answer.body)
+    if answer.status >= 400:
+        faults += _error_faults(sent, answer, document)
+    faults += _echo_faults(sent, answer, document, secrets)
+    return faults
+
+
+# ---------------------------------------------------------------------------- refusals
+
+
+def _error_faults(sent: Sent, answer: Answer, document: Any) -> list[str]:
+    media_type = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+    head = sent.method.upper() == "HEAD"
+    if sent.path == "/ready" and answer.status == 503 and sent.method.upper() in ("GET", "HEAD"):
+        if media_type != "application/json":
+            return [f"/ready 503 as {media_type or 'no media type'}"]
+        if head:
+            return []
+        if not isinstance(document, dict) or document.get("ready") is not False:
+            return ["/ready 503 is not the not-ready document"]
+        return []
+    faults: list[str] = []
+    if media_type != PROBLEM_MEDIA_TYPE:
+        faults.append(f"error {answer.status} as {media_type or 'no media type'}")
+    if answer.status == 401 and "www-authenticate" not in answer.headers:
+        faults.append("401 without WWW-Authenticate")
+    if answer.status == 405 and "allow" not in answer.headers:
+        faults.append("405 without Allow")
+    if head:
+        if answer.body:
+            faults.append("HEAD answer with a body")
+        return faults
+    if not isinstance(document, dict):
+        return [*faults, f"error {answer.status} whose body is no JSON object"]
+    missing = [name for name in PROBLEM_MEMBERS if name not in document]
+    if missing:
+        faults.append(f"problem without {', '.join(missing)}")
+    if document.get("status") != answer.status:
+        faults.append(f"problem status member is not {answer.status}")
+    spelled = document.get("code")
+    code = CATALOGUE.get(spelled) if isinstance(spelled, str) else None
+    if code is None:
+        faults.append(f"problem code not in the catalogue ({answer.status})")
+    elif code.status != answer.status:
+        faults.append(f"problem code {code.value} answered with {answer.status}")
+    elif document.get("type") != code.type_uri or document.get("title") != code.info.title:
+        faults.append(f"problem {code.value} with another type or title")
+    return faults
+
+
+# ------------------------------------------------------------------------------ echoes
+
+
+def credential_forms(credential: str) -> Iterator[str]:
+    """The ways an answer could carry ``credential``: as is, a JWT's signature alone, and
+    base64 of it."""
+    if len(credential) < MIN_CREDENTIAL_CHARS:
+        return
+    yield credential
+    parts = credential.split(".")
+    if len(parts) == 3 and len(parts[2]) >= MIN_CREDENTIAL_CHARS:
+        yield parts[2]
+    raw = credential.encode("utf-8", "surrogatepass")
+    yield base64.b64encode(raw).decode().rstrip("=")
+    yield base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def sent_strings(sent: Sent) -> Iterator[str]:
+    """Every string the request carried, as the service read it."""
+    for segment in sent.path.split("/"):
+        yield unquote(segment, errors="replace")
+    for name, value in sent.query.items():
+        yield str(name)
+        values = value if isinstance(value, list | tuple) else [value]
+        yield from (str(item) for item in values)
+    for name, value in sent.headers.items():
+        if name.lower() != "authorization":
+            yield value
+    yield from _strings(sent.body, names=False)
+
+
+def _strings(value: Any, *, names: bool = True) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, bytes):
+        yield value.decode("utf-8", "replace")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if names:
+                yield str(key)
+            yield from _strings(item, names=names)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item, names=names)
+
+
+SAID_EVERY_TIME: Final = frozenset(
+    {"no-store", "application/json", PROBLEM_MEDIA_TYPE, 'Bearer error="invalid_token"'}
+)
+"""Header values the gateway sets whatever it was sent (``Cache-Control``, media types,
+``WWW-Authenticate``): a request that happens to spell one echoes nothing."""
+
+
+def echo_candidates(sent: Sent, secrets: Secrets) -> set[str]:
+    """The sent strings an answer must not hold."""
+    skipped = set(secrets.known) | set(secrets.document_strings) | SAID_EVERY_TIME
+    return {
+        text
+        for text in sent_strings(sent)
+        if len(text.strip()) >= MIN_ECHO_CHARS and text not in skipped
+    }
+
+
+def _echo_faults(sent: Sent, answer: Answer, document: Any, secrets: Secrets) -> list[str]:
+    faults: list[str] = []
+    if _held_credentials(answer, secrets):
+        faults.append("answer holds a credential")
+    if isinstance(document, dict) and answer.status >= 400 and "instance" in document:
+        expected = secrets.public_url.rstrip("/") + sent.path
+        if _normal_path(str(document["instance"])) != _normal_path(expected):
+            faults.append("problem instance is not the request's path")
+    echoed = echoes(sent, answer, secrets)
+    if echoed:
+        faults.append(f"answer holds a sent value ({len(echoed[0])} characters)")
+    return faults
+
+
+def _held_credentials(answer: Answer, secrets: Secrets) -> bool:
+    texts = [*answer.headers.values(), answer.body.decode("utf-8", "replace")]
+    return any(
+        form in text
+        for credential in secrets.credentials
+        for form in credential_forms(credential)
+        for text in texts
+    )
+
+
+def _normal_path(path: str) -> str:
+    # The URL parser behind ``instance`` drops tabs and line breaks (as WHATWG URLs do) and
+    # may leave some characters percent-encoded: compare what both spell.
+    return "".join(ch for ch in unquote(path, errors="replace") if ch not in "\t\r\n")
+
+
+def echoes(sent: Sent, answer: Answer, secrets: Secrets) -> list[str]:
+    """The sent strings the answer holds (header values, every member of a JSON body but a
+    problem's ``instance``, or the raw text of any other body), longest first."""
+    searched = list(answer.headers.values())
+    document = _json(answer.body)
+    if isinstance(document, dict) and answer.status >= 400:
+        searched += list(_strings({k: v for k, v in document.items() if k != "instance"}))
+    elif document is not None:
+        searched += list(_strings(document))
+    else:
+        searched.append(answer.body.decode("utf-8", "replace"))
+    found = [
+        text for text in echo_candidates(sent, secrets) if any(text in place for place in searched)
+    ]
+    return sorted(found, key=lambda text: (-len(text), text))
+
+
+def _json(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def document_strings(document: Any) -> set[str]:
+    """Every string an OpenAPI document spells (values and member names)."""
+    return set(_walk(document))
+
+
+def _walk(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            if str(key).startswith("/"):
+                # A path template's fixed segments ("review-completions") are the route's.
+                yield from str(key).split("/")
+            yield from _walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _walk(item)
