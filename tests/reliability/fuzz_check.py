@@ -191,16 +191,19 @@ SAID_EVERY_TIME: Final = frozenset(
     {"no-store", "application/json", PROBLEM_MEDIA_TYPE, 'Bearer error="invalid_token"'}
 )
 """Header values the gateway sets whatever it was sent (``Cache-Control``, media types,
-``WWW-Authenticate``): a request that happens to spell one echoes nothing."""
+``WWW-Authenticate``): a request that happens to spell one, or a part of one, echoes
+nothing."""
 
 
 def echo_candidates(sent: Sent, secrets: Secrets) -> set[str]:
     """The sent strings an answer must not hold."""
-    skipped = set(secrets.known) | set(secrets.document_strings) | SAID_EVERY_TIME
+    skipped = set(secrets.known) | set(secrets.document_strings)
     return {
         text
         for text in sent_strings(sent)
-        if len(text.strip()) >= MIN_ECHO_CHARS and text not in skipped
+        if len(text.strip()) >= MIN_ECHO_CHARS
+        and text not in skipped
+        and not any(text in said for said in SAID_EVERY_TIME)
     }
 
 
