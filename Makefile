@@ -10,7 +10,7 @@ PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 OIDC_STAMP := .cache/oidc-provider/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres oidc-provider systemd-analyze test reliability-long quickstart up lint proto query-names bench soak clean restore-rehearsal lock wheel
+.PHONY: help venv postgres oidc-provider systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
@@ -19,6 +19,7 @@ help:
 	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
 	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query calls"
+	@echo "make pictures    redraw docs/pictures/<example>.svg, the example workflows' graphs"
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
 	@echo "make bench       benchmarks (not tests)"
 	@echo "make soak        10 minutes of steady runs among 1,000,000 waiting ones (not a test)"
@@ -98,6 +99,10 @@ proto: $(STAMP)
 # The typed query calls (core/db/query_names.py, core/db/statements.py) from core/db/queries/*.sql.
 query-names: $(STAMP)
 	$(BIN)/python scripts/gen_query_names.py
+
+# docs/pictures/<example>.svg: `coordinatorctl workflow graph` of each example workflow.
+pictures: $(STAMP)
+	$(BIN)/python scripts/gen_workflow_pictures.py
 
 # deploy/requirements.lock: every runtime dependency (pyproject's [project] dependencies and what they
 # pull in, not the dev extra), pinned, with the hash of every file the index holds for each pin,

@@ -14,6 +14,7 @@ import json
 import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -147,6 +148,88 @@ def workflow_check(ctx: typer.Context, source: SourceArg, output: OutputOpt = No
     g = _globals(ctx, output=output)
     workflow = check_source_dir(source)
     render.emit({"status": "valid", "id": workflow.id, "version": workflow.version}, g.output)
+
+
+@workflow_app.command("simulate")
+def workflow_simulate(
+    ctx: typer.Context,
+    source: SourceArg,
+    script: Annotated[
+        Path,
+        typer.Option("--script", metavar="FILE", help="The simulation script (YAML)."),
+    ],
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input-file", metavar="FILE", help="JSON input, instead of the script's input."
+        ),
+    ] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Run a workflow offline against scripted answers, with simulated time.
+
+    Exits 0 when the run ends as the script's expect says, 1 when it does not, 2 when the
+    workflow or the script is refused.
+    """
+    from cli import simulate as sim
+    from core.workflow.check import check_source_dir
+
+    g = _globals(ctx, output=output)
+    try:
+        workflow = check_source_dir(source)
+        parsed = sim.read_script(workflow, script, input_file)
+        simulation = sim.simulate(workflow, parsed)
+    except CoordinatorError as exc:
+        render.refusal(exc, g.output)
+        raise typer.Exit(2) from None
+    if g.output == "json":
+        document = sim.document(simulation, parsed.expect)
+        render.emit_json(document)
+        ok = document["asExpected"]
+    else:
+        for line in sim.text(simulation, parsed.expect):
+            typer.echo(line)
+        ok = not sim.mismatches(parsed.expect, simulation.end)
+    if not ok:
+        raise typer.Exit(1)
+
+
+class GraphFormat(StrEnum):
+    """The formats of ``workflow graph``."""
+
+    svg = "svg"
+    mermaid = "mermaid"
+    dot = "dot"
+
+
+@workflow_app.command("graph")
+def workflow_graph(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR", help="Workflow source or package folder.", show_default=False
+        ),
+    ],
+    fmt: Annotated[
+        GraphFormat,
+        typer.Option("--format", metavar="FORMAT", help="svg (the default), mermaid or dot."),
+    ] = GraphFormat.svg,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Write here instead of standard output."),
+    ] = None,
+) -> None:
+    """Draw a workflow's step graph, offline."""
+    from core.workflow.graph import read_folder, render
+
+    text = render(read_folder(source), fmt.value)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _usage(f"--out {out}: cannot be written ({exc.strerror})")
 
 
 @app.command()

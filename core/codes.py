@@ -376,7 +376,8 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
             cli=Advice(
                 meaning=(
                     "A `--reason`, `--recovery-reference`, `--before` or input file was refused "
-                    "before sending."
+                    "before sending, or a `workflow simulate` script was refused (the detail "
+                    "names its key path)."
                 ),
                 action="Correct the option or the file.",
             ),

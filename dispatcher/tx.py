@@ -55,6 +55,12 @@ UNCERTAIN_CAUSES: Final = frozenset(
 belongs to a step that sent nothing, so neither is one."""
 
 
+def misses_deadline(deadline_at: datetime | None, now: datetime, delay: float) -> bool:
+    """Whether a retry ``delay`` seconds after ``now`` would come too late for a step due
+    by ``deadline_at`` (then the run fails ``deadline-exceeded``)."""
+    return deadline_at is not None and (deadline_at - now).total_seconds() <= delay
+
+
 @dataclass(frozen=True)
 class Failure:
     """Why a run failed (CONTRACT §8.3): kind, and a JSON pointer where one applies."""
@@ -315,7 +321,7 @@ class Tx:
         if self.abandoned:
             await self.cancel()
             return True
-        if self.deadline_at is not None and (self.deadline_at - self.now).total_seconds() <= delay:
+        if misses_deadline(self.deadline_at, self.now, delay):
             return False
         await self._queries.dispatcher_step_retry(
             self._conn, run_id=self._run_id, step_id=self._step_id, delay=delay

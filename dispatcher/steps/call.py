@@ -48,9 +48,15 @@ from core.errors import CoordinatorError
 from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
 from core.states import Effect, StepState
 from core.workflow.catalogue import Operation
+from core.workflow.expr import Scope
 from core.workflow.mapping import map_command, map_output
-from core.workflow.model import CallStep
-from dispatcher.adapters import AuthorizedRequest, RequestUnbuildable, adapter_for
+from core.workflow.model import CallStep, Workflow
+from dispatcher.adapters import (
+    AuthorizedRequest,
+    ProductRequest,
+    RequestUnbuildable,
+    adapter_for,
+)
 from dispatcher.claim import Claimed
 from dispatcher.classify import (
     ACCEPTED,
@@ -106,6 +112,77 @@ def inputs_from(loaded: Loaded, env: StepEnv, claimed: Claimed, step: CallStep) 
     except CoordinatorError as exc:
         return CallInputs(error=exc)
     return CallInputs(command, loaded.run.bindings.get(step.connection))
+
+
+@dataclass(frozen=True)
+class Built:
+    """A call's command and the request that sends it."""
+
+    command: Any
+    request: ProductRequest
+
+
+def build_request(
+    workflow: Workflow,
+    step: CallStep,
+    scope: Scope,
+    binding: Binding,
+    key: str,
+    stored: Any = None,
+) -> Built | Failure:
+    """The command of ``step`` (``stored``, or mapped from ``scope`` and checked against the
+    operation's command schema) and its request under ``key``; the ``invalid-command``
+    failure with its pointer when either cannot be made. Pure: ``coordinatorctl workflow
+    simulate`` runs it too."""
+    adapter = adapter_for(workflow.connections[step.connection])
+    op = adapter.operation(step.operation)
+    if stored is not None:
+        command = stored
+    else:
+        mapped = map_command(op, step.input, scope)
+        if not mapped.ok:
+            return Failure("invalid-command", mapped.failure_path)
+        command = mapped.value
+    try:
+        request = adapter.build(op, binding, command, key)
+    except RequestUnbuildable as unbuildable:
+        return Failure("invalid-command", unbuildable.pointer)
+    return Built(command, request)
+
+
+def answered(
+    workflow: Workflow, scope: Scope, step: CallStep, op: Operation, result: Classified
+) -> Settlement | None:
+    """How a classified answer ends the step and where the run goes, for the answers whose
+    ending needs nothing read under the step's lock (accepted, refused, unsendable);
+    ``None`` for retryable and uncertain ones, which :func:`_record` settles in the locked
+    transaction. Pure: ``coordinatorctl workflow simulate`` runs it too."""
+    response = result.response
+    if result.result == ACCEPTED:
+        mapped = map_output(op, step.output, scope, response)
+        if not mapped.ok:
+            return Settlement.failing(
+                Failure("mapping-invalid", mapped.failure_path),
+                effect=Effect.ACCEPTED,
+                keep={"response": response},
+            )
+        # The run goes on with the output it keeps, through the local steps after the call.
+        kept = mapped.value
+        steps = {**scope.steps, step.id: kept} if isinstance(kept, dict) else scope.steps
+        return Settlement.onward(
+            onward(workflow, dataclasses.replace(scope, steps=steps), step.next),
+            effect=Effect.ACCEPTED,
+            keep={"response": response, "output": kept},
+        )
+    if result.result == REFUSED:
+        if step.on_refused is not None:
+            way = onward(workflow, scope, step.on_refused)
+            return Settlement.onward(way, state=StepState.REFUSED)
+        return Settlement.failing(Failure("refused"), state=StepState.REFUSED)
+    if result.result == NOT_SENDABLE:
+        # Refused here before a byte was written: never sent, and it never could be.
+        return Settlement.failing(Failure("invalid-command", ""))
+    return None
 
 
 async def _send(
@@ -171,20 +248,12 @@ async def execute(
         raise CoordinatorError(
             Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
         )
-    if stored is not None:
-        command = stored
-    else:
-        mapped = map_command(op, step.input, run.scope)
-        if not mapped.ok:
-            await _fail(env, claimed, Failure("invalid-command", mapped.failure_path))
-            return
-        command = mapped.value
     key = claimed.command_key or command_key(env.admission_key, run.id, step.id)
-    try:
-        request = adapter.build(op, binding, command, key)
-    except RequestUnbuildable as unbuildable:
-        await _fail(env, claimed, Failure("invalid-command", unbuildable.pointer))
+    built = build_request(run.workflow, step, run.scope, binding, key, stored)
+    if isinstance(built, Failure):
+        await _fail(env, claimed, built)
         return
+    command, request = built.command, built.request
 
     try:
         # (A private root is read the first time its connection calls: before anything is
@@ -282,43 +351,9 @@ async def _record(
         )
     elif result.result != ACCEPTED:
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
-    response = result.response
-    if result.result == ACCEPTED:
-        mapped = map_output(op, step.output, run.scope, response)
-        if not mapped.ok:
-            await env.settler.conclude(
-                claimed,
-                Settlement.failing(
-                    Failure("mapping-invalid", mapped.failure_path),
-                    effect=Effect.ACCEPTED,
-                    keep={"response": response},
-                ),
-            )
-            return
-        # The run goes on with the output it keeps, through the local steps after the call.
-        kept = mapped.value
-        steps = {**run.scope.steps, step.id: kept} if isinstance(kept, dict) else run.scope.steps
-        scope = dataclasses.replace(run.scope, steps=steps)
-        await env.settler.conclude(
-            claimed,
-            Settlement.onward(
-                onward(run.workflow, scope, step.next),
-                effect=Effect.ACCEPTED,
-                keep={"response": response, "output": kept},
-            ),
-        )
-        return
-    if result.result == REFUSED:
-        if step.on_refused is not None:
-            way = onward(run.workflow, run.scope, step.on_refused)
-            settlement = Settlement.onward(way, state=StepState.REFUSED)
-        else:
-            settlement = Settlement.failing(Failure("refused"), state=StepState.REFUSED)
+    settlement = answered(run.workflow, run.scope, step, op, result)
+    if settlement is not None:
         await env.settler.conclude(claimed, settlement)
-        return
-    if result.result == NOT_SENDABLE:
-        # Refused here before a byte was written: never sent, and it never could be.
-        await _fail(env, claimed, Failure("invalid-command", ""))
         return
 
     async def retryable(tx: Tx) -> None:

@@ -56,8 +56,8 @@ from core.errors import CoordinatorError
 from core.products.http import ExchangeFailure
 from core.states import StepState
 from core.workflow import catalogue
-from core.workflow.expr import MissingValue, render
-from core.workflow.model import WaitForStep
+from core.workflow.expr import MissingValue, Scope, render
+from core.workflow.model import WaitForStep, Workflow
 from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 from dispatcher.run_view import RunView
@@ -141,6 +141,30 @@ class _Target:
     match: bytes
 
 
+def identity_of(step: WaitForStep, field: str, scope: Scope) -> str | Failure:
+    """The awaited result's identifying value (``field``, Casework's ``reviewId``) from the
+    run's values, or the ``mapping-invalid`` failure that ends the run. Pure, like
+    :func:`decided` and :func:`timed_out`: ``coordinatorctl workflow simulate`` runs them."""
+    try:
+        identity = render(step.identifying.get(field), scope)
+    except MissingValue:
+        return Failure("mapping-invalid", f"/{field}")
+    if not isinstance(identity, str) or not identity:
+        return Failure("mapping-invalid", f"/{field}")
+    return identity
+
+
+def decided(workflow: Workflow, step: WaitForStep, result: Mapping[str, str]) -> Settlement:
+    """The wait ends with a decision: keep its fields and continue at ``next``."""
+    return Settlement.onward(Onward.direct(workflow, step.next), keep={"wait-result": dict(result)})
+
+
+def timed_out(workflow: Workflow, step: WaitForStep) -> Settlement:
+    """The wait ends without a decision after ``timeoutSeconds``: continue at ``onTimeout``."""
+    assert step.on_timeout is not None  # the checker requires onTimeout with a timeout
+    return Settlement.onward(Onward.direct(workflow, step.on_timeout))
+
+
 async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Failure:
     """The read's URL and the wait's digest, or the failure that ends the run."""
     kind = run.workflow.connections[step.connection]
@@ -153,12 +177,9 @@ async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Fa
         )
     field = result.identifying[0].name
     pointer = f"/{field}"
-    try:
-        identity = render(step.identifying.get(field), run.scope)
-    except MissingValue:
-        return Failure("mapping-invalid", pointer)
-    if not isinstance(identity, str) or not identity:
-        return Failure("mapping-invalid", pointer)
+    identity = identity_of(step, field, run.scope)
+    if isinstance(identity, Failure):
+        return identity
     binding = run.bindings.get(step.connection)
     if binding is None:
         raise CoordinatorError(
@@ -267,14 +288,13 @@ async def execute(
         if read.kind == DECIDED and read.result is not None:
             await tx.count_last_check()
             await tx.set_attention(False)
-            way = Onward.direct(run.workflow, step.next)
-            await tx.settle(Settlement.onward(way, keep={"wait-result": dict(read.result)}))
+            await tx.settle(decided(run.workflow, step, read.result))
             return
         if _timed_out(tx, step) and step.on_timeout is not None:
             await tx.count_last_check()
             # The wait is over either way; a mark left by refused reads no longer applies.
             await tx.set_attention(False)
-            await tx.settle(Settlement.onward(Onward.direct(run.workflow, step.on_timeout)))
+            await tx.settle(timed_out(run.workflow, step))
             return
         await tx.schedule_check()
         if read.kind in (REFUSED, PENDING):

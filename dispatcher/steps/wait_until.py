@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from core import clock
 from core.states import StepState
-from core.workflow.expr import MissingValue, render
+from core.workflow.expr import MissingValue, Scope, render
 from core.workflow.model import WaitUntilStep
 from core.workflow.schema import is_rfc3339
 from dispatcher.claim import Claimed
@@ -26,12 +26,12 @@ from dispatcher.tx import Failure, Settlement, Tx
 AT_POINTER = "/at"
 
 
-def instant_of(step: WaitUntilStep, run: RunView) -> datetime | None:
+def instant_of(step: WaitUntilStep, scope: Scope) -> datetime | None:
     """The instant ``at`` names, or ``None`` when it does not evaluate to an RFC 3339 one."""
     if step.at is None:
         return None
     try:
-        value = render(step.at, run.scope)
+        value = render(step.at, scope)
     except MissingValue:
         return None
     if not isinstance(value, str) or not is_rfc3339(value):
@@ -43,7 +43,7 @@ async def execute(
     env: StepEnv, claimed: Claimed, run: RunView, step: WaitUntilStep, flight: Flight
 ) -> None:
     """Start the timer, or continue once it is due."""
-    at = instant_of(step, run)
+    at = instant_of(step, run.scope)
 
     async def act(tx: Tx) -> None:
         if tx.abandoned:

@@ -1,0 +1,324 @@
+"""``coordinatorctl workflow simulate``: the example workflows' shipped simulations, what the
+simulator refuses, and that it runs the dispatcher's own decisions (keys, classification,
+the one resend after a 401, retries up to the deadline)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cli import simulate as sim
+from cli.main import main
+from core import derive
+from core.workflow.check import check_source_dir
+from core.workflow.model import Workflow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+SIMULATIONS = sorted(EXAMPLES.glob("*/simulations/*.yaml"))
+APPROVAL = EXAMPLES / "approval-notice"
+
+# What each example's steps can reach besides its outcomes: failure kinds (CONTRACT §8.3).
+# invalid-command is reachable in none of them: every value a command takes is a required
+# input field or a value an earlier step kept with its catalogued type.
+REACHABLE_FAILURES = {
+    "approval-notice": {"refused", "deadline-exceeded", "mapping-invalid"},
+    "appointment-booking": {"refused", "deadline-exceeded", "mapping-invalid"},
+    "register-change": {"refused", "deadline-exceeded", "mapping-invalid"},
+}
+APPROVAL_INPUT = {"applicationId": "APP-2041", "applicantRef": "person-1"}
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (code if isinstance(code, int) else 1), out, err
+
+
+def simulate_file(
+    source: Path, script: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str, str]:
+    return run_cli(["workflow", "simulate", str(source), "--script", str(script), *extra], capsys)
+
+
+def write_script(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / "script.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def approval() -> Workflow:
+    return check_source_dir(APPROVAL)
+
+
+def approval_script(**changes: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "input": APPROVAL_INPUT,
+        "answers": {
+            "request-review": {"status": 201, "body": {"reviewId": "rev-1"}},
+            "await-decision": {"decision": {"outcome": "approved"}},
+            "send-approval": {"status": 202, "body": {"messageId": "msg-1"}},
+        },
+        "expect": {"state": "succeeded", "outcome": "approved"},
+    }
+    document.update(changes)
+    return document
+
+
+# ------------------------------------------------------------------- the shipped simulations
+
+
+@pytest.mark.parametrize(
+    "script", SIMULATIONS, ids=[f"{p.parent.parent.name}/{p.stem}" for p in SIMULATIONS]
+)
+def test_each_shipped_simulation_ends_as_it_expects(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = simulate_file(script.parent.parent, script, capsys, "--output", "json")
+    assert (code, err) == (0, "")
+    document = json.loads(out)
+    assert document["asExpected"] is True and document["mismatches"] == []
+    expect = yaml.safe_load(script.read_text())["expect"]
+    assert document["end"]["state"] == expect["state"]
+
+
+@pytest.mark.parametrize("example", sorted(REACHABLE_FAILURES))
+def test_the_simulations_cover_every_outcome_and_failure_kind(example: str) -> None:
+    workflow = check_source_dir(EXAMPLES / example)
+    scripts = [yaml.safe_load(p.read_text()) for p in (EXAMPLES / example).glob("simulations/*")]
+    ends = [s["expect"] for s in scripts]
+    assert {e["outcome"] for e in ends if "outcome" in e} == set(workflow.outcomes)
+    assert {e["failure"]["kind"] for e in ends if "failure" in e} == REACHABLE_FAILURES[example]
+    assert any(e["state"] == "held" for e in ends), "an uncertain send that holds the run"
+    timed = [s.id for s in workflow.steps.values() if getattr(s, "on_timeout", None)]
+    for step_id in timed:
+        assert any(s["answers"].get(step_id) == "timeout" for s in scripts), step_id
+
+
+def test_the_text_shows_the_path_commands_keys_and_the_end(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = APPROVAL / "simulations" / "held-uncertain-send.yaml"
+    code, out, _ = simulate_file(APPROVAL, script, capsys)
+    assert code == 0
+    run_id = sim.simulation_run_id("approval-notice")
+    assert f"run {run_id}" in out.splitlines()[0]
+    key = derive.command_key(sim.SIMULATION_KEY, run_id, "send-rejection")
+    assert f"key     {key}" in out
+    assert '"template": "application-rejected"' in out
+    assert "500 -> uncertain (500, cause status-5xx)" in out
+    assert out.strip().splitlines()[-2:] == [
+        "end: held at step send-rejection (effect unknown, cause status-5xx)",
+        "as expected",
+    ]
+
+
+def test_a_run_that_ends_otherwise_than_expected_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, approval_script(expect={"state": "succeeded", "outcome": "x"}))
+    code, out, _ = simulate_file(APPROVAL, script, capsys)
+    assert code == 1
+    assert out.strip().splitlines()[-1] == ('expect.outcome: expected "x", the run gave "approved"')
+
+
+def test_the_input_file_replaces_the_scripts_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, approval_script())
+    other = tmp_path / "input.json"
+    other.write_text(json.dumps({"applicationId": "APP-9999", "applicantRef": "person-2"}))
+    code, out, _ = simulate_file(APPROVAL, script, capsys, "--input-file", str(other))
+    assert code == 0
+    assert '"subjectRef": "APP-9999"' in out and "APP-2041" not in out
+
+
+def test_nothing_is_contacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise AssertionError("the simulator opened a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    workflow = approval()
+    simulation = sim.simulate(workflow, sim.parse_script(workflow, approval_script()))
+    assert simulation.end == {"state": "succeeded", "outcome": "approved"}
+
+
+# ------------------------------------------------------------------- the dispatcher's decisions
+
+
+def test_keys_and_run_id_are_derived_as_a_deployment_derives_them() -> None:
+    workflow = approval()
+    key = bytes(range(32))
+    run_id = "0190c2a4-1111-8222-9333-444455556666"
+    simulation = sim.simulate(
+        workflow, sim.parse_script(workflow, approval_script()), admission_key=key, run_id=run_id
+    )
+    assert [(c["step"], c["key"]) for c in simulation.commands] == [
+        ("request-review", derive.command_key(key, run_id, "request-review")),
+        ("send-approval", derive.command_key(key, run_id, "send-approval")),
+    ]
+    identity = derive.api_start_identity(
+        sim.SIMULATION_KEY, sim.SIMULATION_ISSUER, "simulation", "approval-notice", "simulation"
+    )
+    assert sim.simulation_run_id("approval-notice") == derive.run_id(sim.SIMULATION_KEY, identity)
+
+
+def test_a_401_is_sent_once_more_and_a_second_401_is_a_refusal() -> None:
+    workflow = approval()
+    answers = approval_script()["answers"]
+    once = {
+        **answers,
+        "request-review": [{"status": 401}, {"status": 201, "body": {"reviewId": "r"}}],
+    }
+    simulation = sim.simulate(workflow, sim.parse_script(workflow, approval_script(answers=once)))
+    assert simulation.end["state"] == "succeeded"
+    assert [a["result"] for a in simulation.events[0].attempts] == ["refused", "accepted"]
+
+    twice = {"request-review": [{"status": 401}, {"status": 401}]}
+    script = approval_script(answers=twice, expect={"state": "failed"})
+    simulation = sim.simulate(workflow, sim.parse_script(workflow, script))
+    assert simulation.end == {
+        "state": "failed",
+        "failure": {"kind": "refused", "step": "request-review"},
+    }
+
+
+def test_retries_back_off_without_jitter_until_the_deadline() -> None:
+    workflow = approval()
+    script = approval_script(
+        answers={"request-review": {"status": 429}}, expect={"state": "failed"}
+    )
+    simulation = sim.simulate(workflow, sim.parse_script(workflow, script))
+    times = [a["at"][11:19] for a in simulation.events[0].attempts]
+    # 1, 2, 4 … seconds apart; the next delay (256 s) would pass the 300-second deadline.
+    assert times == ["09:00:00", "09:00:01", "09:00:03", "09:00:07", "09:00:15", "09:00:31",
+                     "09:01:03", "09:02:07", "09:04:15"]  # fmt: skip
+    assert simulation.end["failure"]["kind"] == "deadline-exceeded"
+
+
+def test_a_wait_for_timeout_passes_the_whole_timeout() -> None:
+    workflow = approval()
+    answers = {
+        "request-review": {"status": 201, "body": {"reviewId": "r"}},
+        "await-decision": "timeout",
+    }
+    script = sim.parse_script(workflow, approval_script(answers=answers))
+    simulation = sim.simulate(workflow, script)
+    assert [e.step for e in simulation.events] == ["request-review", "await-decision", "expired"]
+    assert simulation.events[-1].at == "2030-01-21T09:00:00.000Z"  # 14 days on
+    assert simulation.end == {"state": "succeeded", "outcome": "expired"}
+
+
+# ------------------------------------------------------------------- refused scripts
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        (
+            # rejected: the run never reaches send-approval
+            {
+                "answers": {
+                    **approval_script()["answers"],
+                    "await-decision": {"decision": {"outcome": "rejected"}},
+                    "send-rejection": {"status": 202, "body": {"messageId": "m"}},
+                }
+            },
+            "coordinator.request.invalid: script: answers.send-approval: the run never reaches "
+            "this step",
+        ),
+        (
+            {"answers": {"nope": {"status": 201}}},
+            "coordinator.request.invalid: script: answers.nope: the workflow has no step 'nope'",
+        ),
+        (
+            {"answers": {"decide": {"status": 201}}},
+            "coordinator.request.invalid: script: answers.decide: 'decide' is a choose step: "
+            "nothing to answer",
+        ),
+        (
+            {"answers": {"request-review": {"status": 201, "body": {"reviewId": "r"}}}},
+            "coordinator.request.invalid: script: answers.await-decision: the run reaches this "
+            "wait-for and the script does not answer it",
+        ),
+        (
+            {
+                "answers": {"request-review": [{"status": 500}, {"status": 201}]},
+                "expect": {"state": "held"},
+            },
+            "coordinator.request.invalid: script: answers.request-review[1]: the run never uses "
+            "this answer",
+        ),
+        (
+            {
+                "cancel": "await-decision",
+                "answers": {
+                    "request-review": {"status": 201, "body": {"reviewId": "r"}},
+                    "await-decision": "timeout",
+                    "notify-cancelled": {"status": 202, "body": {"messageId": "m"}},
+                },
+            },
+            "coordinator.request.invalid: script: answers.await-decision: the run never uses "
+            "this answer",
+        ),
+        (
+            {"cancel": "notify-cancelled"},
+            "coordinator.request.invalid: script: cancel: the run never reaches 'notify-cancelled'",
+        ),
+        (
+            {"expect": {"state": "succeeded", "outcomes": "approved"}},
+            "coordinator.request.invalid: script: expect.outcomes: unknown key; use failure, "
+            "held, outcome, state",
+        ),
+        (
+            {"input": {"applicationId": "x"}},
+            "coordinator.input.invalid: the input does not fit the workflow: /applicantRef: is "
+            "required",
+        ),
+    ],
+    ids=[
+        "unreachable",
+        "unknown-step",
+        "local-step",
+        "unanswered",
+        "unused-answer",
+        "cancelled-before-the-answer",
+        "cancel-unreached",
+        "expect-key",
+        "input",
+    ],
+)
+def test_a_refused_script_exits_2_naming_what_is_wrong(
+    changes: dict[str, Any], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, approval_script(**changes))
+    code, out, err = simulate_file(APPROVAL, script, capsys)
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+def test_a_script_that_is_not_yaml_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text("input: [unclosed\n")
+    code, _, err = simulate_file(APPROVAL, script, capsys)
+    assert code == 2
+    assert err.startswith("coordinator.request.invalid: script: not valid YAML: line 2")
+    assert "Traceback" not in err
+
+
+def test_a_refusal_under_json_output_is_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, approval_script(answers={"nope": {"status": 201}}))
+    code, out, err = simulate_file(APPROVAL, script, capsys, "--output", "json")
+    assert (code, out) == (2, "")
+    assert json.loads(err.splitlines()[0])["code"] == "coordinator.request.invalid"
