@@ -1,5 +1,5 @@
 # Registry Coordinator — developer and user entry points.
-# Needs only Python 3.11+, pip, npm and make. Everything else is built here.
+# Needs only Python 3.11+, pip, npm (with Node.js 20+) and make. Everything else is built here.
 
 PYTHON ?= python3
 VENV := .venv
@@ -8,9 +8,10 @@ STAMP := $(VENV)/.installed
 PG_MAJOR ?= 17
 PG_STAMP := .cache/postgres/.ready-$(PG_MAJOR)
 OIDC_STAMP := .cache/oidc-provider/.ready
+BROWSER_STAMP := .cache/browser/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres oidc-provider systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel
+.PHONY: help venv postgres oidc-provider browser systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
@@ -18,6 +19,7 @@ help:
 	@echo "make test        build and run every test"
 	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
+	@echo "make browser     the pinned headless Chromium the console's browser tests drive"
 	@echo "make proto / make query-names  regenerate the gRPC stubs / the typed query calls"
 	@echo "make pictures    redraw docs/pictures/<example>.svg, the example workflows' graphs"
 	@echo "make up          start the local stack and keep it serving until Ctrl-C"
@@ -44,11 +46,20 @@ postgres: $(PG_STAMP)
 # The OpenID provider the reliability tests run (panva's oidc-provider on the machine's Node.js):
 # the exact tree of devstack/oidc/package-lock.json, installed with `npm ci`, which checks every
 # package against the lock's sha512 integrity; no package script runs.
-$(OIDC_STAMP): devstack/oidc/package.json devstack/oidc/package-lock.json devstack/oidc_provider.py | $(STAMP)
+$(OIDC_STAMP): devstack/oidc/package.json devstack/oidc/package-lock.json devstack/oidc_provider.py devstack/npm_tree.py | $(STAMP)
 	$(BIN)/python -m devstack.oidc_provider
 	@mkdir -p $(dir $(OIDC_STAMP)) && touch $(OIDC_STAMP)
 
 oidc-provider: $(OIDC_STAMP)
+
+# The headless Chromium of the console's browser tests: the exact tree of
+# devstack/browser/package-lock.json (@sparticuz/chromium), installed with `npm ci` like the
+# provider's, then inflated beside it with the machine's Node.js. Playwright never downloads one.
+$(BROWSER_STAMP): devstack/browser/package.json devstack/browser/package-lock.json devstack/browser.py devstack/npm_tree.py | $(STAMP)
+	$(BIN)/python -m devstack.browser
+	@mkdir -p $(dir $(BROWSER_STAMP)) && touch $(BROWSER_STAMP)
+
+browser: $(BROWSER_STAMP)
 
 # tests/deploy checks the systemd units with `systemd-analyze verify`. Where it is missing,
 # root gets Debian's systemd package (only the tools: no service manager is started);
@@ -65,11 +76,11 @@ systemd-analyze:
 	  fi; \
 	}
 
-test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) systemd-analyze
+test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Not in `make test`: the reliability tier (tests/reliability) with its long variants switched on.
-reliability-long: $(STAMP) $(PG_STAMP) $(OIDC_STAMP)
+reliability-long: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP)
 	COORDINATOR_RELIABILITY_LONG=1 $(BIN)/python -m pytest tests/reliability $(PYTEST_ARGS)
 
 quickstart: $(STAMP) $(PG_STAMP)

@@ -720,6 +720,67 @@ def release_admission_hold(
     )
 
 
+# ------------------------------------------------------------------------------ the console
+
+
+@app.command()
+def console(
+    ctx: typer.Context,
+    bind: Annotated[
+        str,
+        typer.Option(
+            "--bind",
+            metavar="127.0.0.1:PORT",
+            help="Loopback address to serve on (port 0: a free one).",
+        ),
+    ] = "127.0.0.1:0",
+    packages: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--packages",
+            metavar="DIR",
+            help="A workflow package, or a folder of them, to draw runs with (repeatable).",
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+) -> None:
+    """Serve the operator console on loopback and print the URL to open (Ctrl-C stops it).
+
+    The console calls the API with the token file, read at each call; the browser never
+    holds the token. With --runtime-config (or --packages) it draws each run's workflow.
+    """
+    from cli import console as web
+
+    g = _globals(ctx, url=url, token_file=token_file)
+    _client(g)  # the URL and the token file must be usable before anything is served
+    assert g.url is not None and g.token_file is not None
+    pins: list[tuple[Path, str]] = []
+    if g.runtime_config is not None:
+        from core.config.load import load_runtime_file
+
+        config = load_runtime_file(g.runtime_config)
+        pins = [(pin.root, pin.expected_digest) for pin in config.deployment.packages]
+    settings = web.Settings(
+        api_url=g.url,
+        token_file=g.token_file,
+        workflows=web.workflows_of(packages or [], pins),
+    )
+    try:
+        sock = web.bind(bind)
+    except ValueError as exc:
+        _usage(str(exc))
+    except OSError as exc:
+        _usage(f"--bind {bind}: cannot listen ({exc.strerror})")
+
+    def announce(address: str) -> None:
+        typer.echo(f"console: {address}")
+        typer.echo("Open it in a browser on this machine; Ctrl-C stops the console.")
+        sys.stdout.flush()
+
+    web.serve(settings, sock, announce)
+
+
 use_plain_help(app)
 
 

@@ -5,7 +5,8 @@ The package is pinned in ``devstack/oidc/package.json`` (one exact version) and
 ``integrity``). :func:`ensure_installed` installs exactly that tree with ``npm ci
 --ignore-scripts`` into ``.cache/oidc-provider`` (``make oidc-provider`` runs it; npm checks
 every tarball against the lock's integrity, and no package script runs). Nothing else is
-fetched, then or later.
+fetched, then or later. The installing itself is :mod:`devstack.npm_tree`'s, shared with the
+browser of the console's tests.
 
 :class:`OidcProvider` runs ``devstack/oidc/provider.mjs`` with the machine's ``node`` on
 127.0.0.1. The harness writes its settings as a JSON file in a private folder: the issuer
@@ -35,19 +36,15 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import secrets
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -58,7 +55,11 @@ import httpx
 
 from core.config.load import load_runtime_file
 from core.keys import resolver_for
+from devstack import npm_tree
 from devstack.issuer import generate_private_jwk, public_jwk
+from devstack.npm_tree import INSTALL_TIMEOUT_SECONDS as INSTALL_TIMEOUT_SECONDS
+from devstack.npm_tree import MARKER_NAME as MARKER_NAME
+from devstack.npm_tree import NpmTree
 from devstack.postgres import DatabaseHandle
 from devstack.stack import CONNECTION_MODULES, LocalStack, http_ok, wait_until
 
@@ -69,13 +70,10 @@ NODE_MAJOR_MINIMUM = 20
 CACHE_ENV = "COORDINATOR_OIDC_PROVIDER_CACHE"
 SOURCE_DIR = Path(__file__).resolve().parent / "oidc"
 SCRIPT = SOURCE_DIR / "provider.mjs"
-MARKER_NAME = ".coordinator-complete.json"
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 10.0
-INSTALL_TIMEOUT_SECONDS = 600.0
 ASSERTION_AUDIENCES = ("token-endpoint", "issuer")
-_LOCK_FILES = ("package.json", "package-lock.json")
 
 
 class ProviderError(RuntimeError):
@@ -84,136 +82,52 @@ class ProviderError(RuntimeError):
 
 # --------------------------------------------------------------------------- installation
 
+# The generic half (pins, cache folder, npm ci, flock) is devstack.npm_tree; these names stay
+# for the tests and the Makefile.
+TREE = NpmTree(
+    package=PACKAGE,
+    version=VERSION,
+    source=SOURCE_DIR,
+    default_cache_root=Path(__file__).resolve().parents[1] / ".cache" / "oidc-provider",
+    cache_env=CACHE_ENV,
+    error=ProviderError,
+)
+
 
 def default_cache_root() -> Path:
     """``.cache/oidc-provider`` in the checkout, or ``COORDINATOR_OIDC_PROVIDER_CACHE``."""
-    override = os.environ.get(CACHE_ENV)
-    if override:
-        return Path(override).resolve()
-    return Path(__file__).resolve().parents[1] / ".cache" / "oidc-provider"
+    return TREE.cache_root()
 
 
 def lock_digest(source: Path = SOURCE_DIR) -> str:
     """SHA-256 over ``package.json`` and ``package-lock.json``: names one install."""
-    digest = hashlib.sha256()
-    for name in _LOCK_FILES:
-        data = (source / name).read_bytes()
-        digest.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
-    return digest.hexdigest()
+    return TREE.lock_digest(source)
 
 
 def check_pins(source: Path = SOURCE_DIR) -> None:
     """Refuse unless ``package.json`` pins exactly :data:`VERSION` and the lock holds an
     integrity hash for every package it installs (so ``npm ci`` checks every tarball)."""
-    try:
-        manifest = json.loads((source / "package.json").read_text("utf-8"))
-        lock = json.loads((source / "package-lock.json").read_text("utf-8"))
-        pinned = manifest["dependencies"][PACKAGE]
-        packages = lock["packages"]
-        locked = packages[f"node_modules/{PACKAGE}"]["version"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ProviderError(f"{source}: package.json or package-lock.json is unreadable") from exc
-    if pinned != VERSION or locked != VERSION:
-        raise ProviderError(f"{source}: {PACKAGE} must be pinned to exactly {VERSION}")
-    unchecked = [
-        name
-        for name, entry in packages.items()
-        if name and not str(entry.get("integrity", "")).startswith("sha512-")
-    ]
-    if unchecked:
-        raise ProviderError(f"{source}: no sha512 integrity in the lock for {unchecked[0]}")
+    TREE.check_pins(source)
 
 
 def modules_dir(cache_root: Path | None = None, source: Path = SOURCE_DIR) -> Path:
     """The ``node_modules`` folder of the install of ``source``'s lock."""
-    root = (cache_root or default_cache_root()).resolve()
-    return root / f"{VERSION}-{lock_digest(source)[:16]}" / "node_modules"
+    return TREE.modules_dir(cache_root, source)
 
 
 def is_installed(cache_root: Path | None = None, source: Path = SOURCE_DIR) -> bool:
     """True when a finished install of exactly this lock is in the cache."""
-    modules = modules_dir(cache_root, source)
-    try:
-        marker = json.loads((modules.parent / MARKER_NAME).read_text("utf-8"))
-        installed = json.loads((modules / PACKAGE / "package.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return False
-    return bool(
-        marker.get("lockDigest") == lock_digest(source)
-        and marker.get("version") == VERSION
-        and installed.get("version") == VERSION
-    )
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    # Two `make` runs or test sessions may install at once: one works, the other waits.
-    with (root / ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return TREE.is_installed(cache_root, source)
 
 
 def ensure_installed(cache_root: Path | None = None, source: Path = SOURCE_DIR) -> Path:
     """Install the locked tree with ``npm ci`` if needed; return its ``node_modules``."""
-    check_pins(source)
-    modules = modules_dir(cache_root, source)
-    if is_installed(cache_root, source):
-        return modules
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ProviderError("npm is needed to install oidc-provider and is not on PATH")
-    root = modules.parent.parent
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root):
-        if is_installed(cache_root, source):  # another process finished while we waited
-            return modules
-        for leftover in root.glob(".install-*"):  # from a killed run; we hold the lock
-            shutil.rmtree(leftover, ignore_errors=True)
-        final = modules.parent
-        with tempfile.TemporaryDirectory(prefix=".install-", dir=root) as work:
-            staging = Path(work) / "tree"
-            staging.mkdir()
-            for name in _LOCK_FILES:
-                shutil.copyfile(source / name, staging / name)
-            result = subprocess.run(
-                [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-                cwd=staging,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=INSTALL_TIMEOUT_SECONDS,
-            )
-            if result.returncode != 0:
-                tail = "\n".join(result.stderr.strip().splitlines()[-8:])
-                raise ProviderError(f"npm ci for {PACKAGE}@{VERSION} failed:\n{tail}")
-            if final.exists():  # an unfinished earlier attempt (no marker)
-                shutil.rmtree(final)
-            staging.rename(final)
-        marker = {"package": PACKAGE, "version": VERSION, "lockDigest": lock_digest(source)}
-        (final / MARKER_NAME).write_text(json.dumps(marker, indent=2) + "\n", "utf-8")
-    if not is_installed(cache_root, source):
-        raise ProviderError(f"npm ci did not install {PACKAGE}@{VERSION}")
-    return modules
+    return TREE.ensure_installed(cache_root, source)
 
 
 def find_node() -> str:
     """The machine's ``node``, refused when older than Node.js :data:`NODE_MAJOR_MINIMUM`."""
-    node = shutil.which("node")
-    if node is None:
-        raise ProviderError("node (Node.js 20 or later) is needed and is not on PATH")
-    version = subprocess.run(
-        [node, "--version"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    try:
-        major = int(version.removeprefix("v").split(".")[0])
-    except ValueError:
-        raise ProviderError(f"cannot tell the version of {node}") from None
-    if major < NODE_MAJOR_MINIMUM:
-        raise ProviderError(f"{node} is Node.js {version}; {NODE_MAJOR_MINIMUM} or later needed")
-    return node
+    return npm_tree.find_node(NODE_MAJOR_MINIMUM, ProviderError)
 
 
 # --------------------------------------------------------------------------- registrations

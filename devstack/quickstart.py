@@ -308,6 +308,10 @@ def serve_forever(stack: LocalStack, stages: Stages) -> int:
             --review-id <reviewId> --outcome approved
         .venv/bin/coordinatorctl inspect --run <runId> --url {stack.url} \\
             --token-file {operator}
+
+      The operator console (open the URL it prints; runs that need you come first):
+        .venv/bin/coordinatorctl --runtime-config {shown(stack.runtime_file)} console \\
+            --url {stack.url} --token-file {operator}
 """,
         flush=True,
     )

@@ -1,0 +1,402 @@
+"""The operator console's pages and guards, in process, over a recording stand-in of the API.
+
+The stand-in answers the documents the contract describes (status, inspection, doctor, the
+run actions' answers and problems) and records what the console sent, so each test can say
+both what a page shows and what reached the API. The real stack and a real browser are the
+business of tests/console.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli import console as web
+from core import clock
+from core.workflow.check import check_source_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+ORIGIN = "http://127.0.0.1:8765"
+HELD = "0b7f3c1e-held"
+WAITING = "5d2a9e40-wait"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _status(run_id: str, state: str, *, attention: bool, updated: str) -> dict[str, Any]:
+    return {
+        "runId": run_id,
+        "workflow": {"id": "approval-notice", "version": "1.0.0", "digest": DIGEST},
+        "state": state,
+        "attention": attention,
+        "createdAt": "2027-01-04T09:00:00.000Z",
+        "updatedAt": updated,
+    }
+
+
+def _inspection(run_id: str) -> dict[str, Any]:
+    if run_id == HELD:
+        steps = [
+            {
+                "step": "request-review",
+                "type": "call",
+                "state": "completed",
+                "attempts": 1,
+                "effect": "accepted",
+                "startedAt": "2027-01-04T09:00:00.000Z",
+                "endedAt": "2027-01-04T09:00:01.000Z",
+            },
+            {
+                "step": "await-decision",
+                "type": "wait-for",
+                "state": "completed",
+                "attempts": 0,
+                "wait": {"nextCheckAt": "2027-01-05T09:00:00.000Z", "checks": 3},
+                "startedAt": "2027-01-04T09:00:01.000Z",
+                "endedAt": "2027-01-05T09:00:00.000Z",
+            },
+            {
+                "step": "decide",
+                "type": "choose",
+                "state": "completed",
+                "attempts": 0,
+                "startedAt": "2027-01-05T09:00:00.000Z",
+                "endedAt": "2027-01-05T09:00:00.000Z",
+            },
+            {
+                "step": "send-approval",
+                "type": "call",
+                "state": "uncertain",
+                "attempts": 1,
+                "effect": "unknown",
+                "cause": "status-5xx",
+                "causeStatus": 502,
+                "startedAt": "2027-01-05T09:00:00.000Z",
+            },
+        ]
+        status = _status(HELD, "held", attention=True, updated="2027-01-05T09:00:00.000Z")
+    else:
+        steps = [
+            {
+                "step": "request-review",
+                "type": "call",
+                "state": "ready",
+                "attempts": 2,
+                "cause": "token-refused",
+                "startedAt": "2027-01-06T09:00:00.000Z",
+            }
+        ]
+        status = _status(WAITING, "running", attention=True, updated="2027-01-06T09:00:00.000Z")
+    return {
+        **status,
+        "steps": steps,
+        "holds": {"execution": False, "admission": False},
+        "lastOperatorActions": [],
+    }
+
+
+def _problem(status: int, code: str, detail: str) -> httpx.Response:
+    body = {
+        "type": f"https://registry-coordinator.dev/problems/{code}",
+        "title": code,
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    return httpx.Response(status, json=body, headers={"content-type": "application/problem+json"})
+
+
+@dataclass
+class FakeApi:
+    """The coordinator's API as the console sees it; ``sent`` records every request."""
+
+    sent: list[tuple[str, str, dict[str, Any] | None, str]] = field(default_factory=list)
+    refuse_with: httpx.Response | None = None
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.sent.append(
+            (request.method, request.url.path, body, request.headers.get("authorization", ""))
+        )
+        path = request.url.path
+        if path == "/v1/runs":
+            order = [WAITING, HELD]  # newest first, as the API lists them
+            runs = [{k: v for k, v in _inspection(r).items() if k in _STATUS_KEYS} for r in order]
+            return httpx.Response(200, json={"runs": runs, "nextCursor": None})
+        match = re.fullmatch(r"/v1/runs/([^/]+)/inspection", path)
+        if match:
+            if match.group(1) not in (HELD, WAITING):
+                return _problem(404, "run.not-found", "no such run")
+            return httpx.Response(200, json=_inspection(match.group(1)))
+        if path == "/v1/operator/doctor":
+            return httpx.Response(200, json=_DOCTOR)
+        match = re.fullmatch(r"/v1/runs/([^/]+)/(reconcile|retry-same|cancel)", path)
+        if match and request.method == "POST":
+            if self.refuse_with is not None:
+                return self.refuse_with
+            return httpx.Response(200, json={**_inspection(match.group(1)), "result": "accepted"})
+        return _problem(404, "not-found", "no such route")
+
+
+_STATUS_KEYS = frozenset({"runId", "workflow", "state", "attention", "createdAt", "updatedAt"})
+_DOCTOR = {
+    "activationReady": True,
+    "schemaVersion": 4,
+    "databaseId": "db-test",
+    "workflows": [{"id": "approval-notice", "digest": DIGEST}],
+    "holds": {"execution": False, "admission": False},
+    "state": {"auditReady": True, "storeReady": True, "uncertain": 1, "held": 1, "dueJobs": 0},
+    "mode": "ordinary",
+}
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "operator.token"
+    path.write_text("operator-token-value\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def fake() -> FakeApi:
+    return FakeApi()
+
+
+@pytest.fixture
+def settings(token_file: Path) -> web.Settings:
+    workflow = check_source_dir(ROOT / "examples" / "approval-notice")
+    return web.Settings(
+        api_url="https://coordinator.test", token_file=token_file, workflows={DIGEST: workflow}
+    )
+
+
+def _client(settings: web.Settings, fake: FakeApi) -> httpx.AsyncClient:
+    api = web.Api(settings, transport=httpx.MockTransport(fake))
+    app = web.create_app(settings, ORIGIN, api)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=ORIGIN)
+
+
+@pytest.fixture
+async def client(settings: web.Settings, fake: FakeApi) -> AsyncIterator[httpx.AsyncClient]:
+    async with _client(settings, fake) as test_client:
+        yield test_client
+
+
+async def _open(client: httpx.AsyncClient, settings: web.Settings) -> None:
+    """Open the printed URL once: the session cookie."""
+    answer = await client.get(f"/?key={settings.access_key}")
+    assert answer.status_code == 303 and answer.headers["location"] == "/"
+    assert "coordinator_console" in client.cookies
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
+    assert found, "the page has no CSRF token"
+    return found.group(1)
+
+
+# ------------------------------------------------------------------------------ sessions
+
+
+async def test_a_request_without_the_access_key_gets_nothing_from_the_api(
+    client: httpx.AsyncClient, fake: FakeApi
+) -> None:
+    answer = await client.get("/")
+    assert answer.status_code == 401
+    assert "open the URL that coordinatorctl console printed" in answer.text
+    wrong = await client.get("/?key=not-the-key")
+    assert wrong.status_code == 401
+    assert fake.sent == []
+
+
+async def test_the_printed_url_opens_a_session_and_the_address_loses_the_key(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    answer = await client.get(f"/doctor?key={settings.access_key}")
+    assert answer.status_code == 303 and answer.headers["location"] == "/doctor"
+    cookie = answer.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert (await client.get("/doctor")).status_code == 200
+
+
+async def test_a_host_other_than_loopback_is_refused(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    answer = await client.get(
+        f"/?key={settings.access_key}", headers={"host": "rebound.example:8765"}
+    )
+    assert answer.status_code == 400
+
+
+async def test_every_answer_carries_the_strict_policy(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    for answer in (await client.get("/"), await client.get("/static/console.css")):
+        assert answer.headers["content-security-policy"] == web.CONTENT_SECURITY_POLICY
+        assert answer.headers["x-frame-options"] == "DENY"
+        assert answer.headers["cache-control"] == "no-store"
+    assert "script-src" not in web.CONTENT_SECURITY_POLICY  # default-src 'none' covers scripts
+    assert "default-src 'none'" in web.CONTENT_SECURITY_POLICY
+
+
+# ------------------------------------------------------------------------------ pages
+
+
+async def test_the_attention_list_puts_the_held_run_with_an_unknown_effect_first(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    page = (await client.get("/")).text
+    assert page.index(HELD) < page.index(WAITING)
+    assert "send-approval: effect unknown (the product answered 502)" in page
+    assert "the issuer refused the connection&#39;s token" in page
+    # The token goes to the API, never into a page.
+    assert all(auth == "Bearer operator-token-value" for *_, auth in fake.sent)
+    assert "operator-token-value" not in page
+
+
+async def test_the_run_page_shows_steps_effects_waits_and_the_path_drawn(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get(f"/runs/{HELD}")).text
+    assert 'data-workflow="approval-notice"' in page
+    assert '<g class="node call current on-path unknown" id="step-send-approval"' in page
+    assert '<g class="node call on-path" id="step-request-review"' in page
+    assert '<g class="node call" id="step-send-rejection"' in page  # not on the path
+    assert "next check 2027-01-05T09:00:00.000Z, 3 checks" in page
+    assert 'class="step-uncertain effect-unknown"' in page
+    for action in web.ACTIONS:
+        assert f'action="/runs/{HELD}/{action}"' in page
+    assert page.count('name="csrf"') == len(web.ACTIONS)
+
+
+async def test_without_the_package_the_run_page_says_how_to_get_the_picture(
+    token_file: Path, fake: FakeApi
+) -> None:
+    bare = web.Settings(api_url="https://coordinator.test", token_file=token_file)
+    async with _client(bare, fake) as test_client:
+        await _open(test_client, bare)
+        page = (await test_client.get(f"/runs/{HELD}")).text
+    assert "<svg" not in page
+    assert "--runtime-config" in page and DIGEST in page
+
+
+async def test_an_api_problem_is_shown_as_it_came(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    answer = await client.get("/runs/no-such-run")
+    assert answer.status_code == 404
+    assert "run.not-found" in answer.text and "no such run" in answer.text
+
+
+async def test_the_doctor_page_shows_the_report(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get("/doctor")).text
+    assert "db-test" in page and DIGEST in page and "recovery-only" not in page
+
+
+# ------------------------------------------------------------------------------ actions
+
+
+async def test_a_valid_form_sends_the_reference_and_shows_the_result(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    token = _csrf((await client.get(f"/runs/{HELD}")).text)
+    answer = await client.post(
+        f"/runs/{HELD}/reconcile",
+        data={"csrf": token, "reason": "INC-2041"},
+        headers={"origin": ORIGIN, "sec-fetch-site": "same-origin"},
+    )
+    assert answer.status_code == 303
+    assert answer.headers["location"] == f"/runs/{HELD}?done=reconcile&result=accepted"
+    assert ("POST", f"/v1/runs/{HELD}/reconcile", {"reason": "INC-2041"}) in [
+        sent[:3] for sent in fake.sent
+    ]
+    assert "reconcile: accepted" in (await client.get(answer.headers["location"])).text
+
+
+async def test_a_refused_action_shows_the_problem_document(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    token = _csrf((await client.get(f"/runs/{HELD}")).text)
+    fake.refuse_with = _problem(400, "request.invalid", "reason is not an investigation reference")
+    answer = await client.post(f"/runs/{HELD}/retry-same", data={"csrf": token, "reason": "not ok"})
+    assert answer.status_code == 400
+    assert "request.invalid" in answer.text
+    assert "reason is not an investigation reference" in answer.text
+    assert "not ok" not in answer.text  # the input is not echoed
+
+
+@pytest.mark.parametrize(
+    ("form", "headers"),
+    [
+        ({"reason": "INC-1"}, {}),  # no token
+        ({"reason": "INC-1", "csrf": "0" * 64}, {}),  # a wrong token
+        (None, {"origin": "http://evil.example"}),  # the right token from another origin
+        (None, {"sec-fetch-site": "cross-site"}),  # ... announced as another site's
+    ],
+)
+async def test_a_forged_post_is_refused_before_anything_is_sent(
+    client: httpx.AsyncClient,
+    settings: web.Settings,
+    fake: FakeApi,
+    form: dict[str, str] | None,
+    headers: dict[str, str],
+) -> None:
+    await _open(client, settings)
+    token = _csrf((await client.get(f"/runs/{HELD}")).text)
+    before = len(fake.sent)
+    data = form if form is not None else {"reason": "INC-1", "csrf": token}
+    answer = await client.post(f"/runs/{HELD}/cancel", data=data, headers=headers)
+    assert answer.status_code == 403
+    assert "authorization.refused" in answer.text
+    assert fake.sent[before:] == []
+
+
+async def test_another_sessions_token_does_not_pass(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    first = _csrf((await client.get(f"/runs/{HELD}")).text)
+    client.cookies.clear()
+    await _open(client, settings)
+    before = len(fake.sent)
+    answer = await client.post(f"/runs/{HELD}/cancel", data={"csrf": first, "reason": "INC-1"})
+    assert answer.status_code == 403
+    assert fake.sent[before:] == []
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def test_age_reads_like_an_operator_would_say_it() -> None:
+    now = clock.parse_instant("2027-01-05T12:30:00Z")
+    assert web.age("2027-01-05T12:29:30Z", now) == "just now"
+    assert web.age("2027-01-05T12:18:00Z", now) == "12 min"
+    assert web.age("2027-01-05T09:00:00Z", now) == "3 h 30 min"
+    assert web.age("2027-01-02T10:30:00Z", now) == "3 d 2 h"
+    assert web.age(None, now) == "-"
+
+
+def test_only_loopback_may_be_bound() -> None:
+    for address in ("0.0.0.0:8080", "localhost:8080", "127.0.0.1:http", "192.168.1.2:0"):
+        with pytest.raises(ValueError, match=r"127\.0\.0\.1:PORT"):
+            web.bind(address)
+    sock = web.bind("127.0.0.1:0")
+    try:
+        assert sock.getsockname()[0] == "127.0.0.1"
+    finally:
+        sock.close()
