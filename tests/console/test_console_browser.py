@@ -28,7 +28,7 @@ from tests.helpers.recovery_kit import (
     MESSAGING,
     NOTICE,
     RecoveryStack,
-    recovery_stack,
+    started_recovery_stack,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -41,14 +41,8 @@ START_SECONDS = 30.0
 
 @pytest.fixture(scope="module")
 def stack(postgres_server: PostgresCluster) -> Iterator[RecoveryStack]:
-    name = f"coordinator_console_{os.getpid()}"
-    database = postgres_server.create_database(name)
-    try:
-        with recovery_stack(database) as running:
-            running.start()
-            yield running
-    finally:
-        postgres_server.drop_database(name)
+    with started_recovery_stack(postgres_server, "coordinator_console") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ retention cut-off, an expired receipt) come last, for the same reason.
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -36,26 +34,19 @@ from tests.helpers.recovery_kit import (
     WAIT_SECONDS_OF_PAUSE,
     WAIT_STEP,
     RecoveryStack,
-    recovery_stack,
+    started_recovery_stack,
     wait_for,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 DAY = 86_400
-_numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
 def stack(postgres_server: PostgresCluster) -> Iterator[RecoveryStack]:
-    name = f"coordinator_e2e_recovery_{os.getpid()}_{next(_numbers)}"
-    database = postgres_server.create_database(name)
-    try:
-        with recovery_stack(database) as running:
-            running.start()
-            yield running
-    finally:
-        postgres_server.drop_database(name)
+    with started_recovery_stack(postgres_server, "coordinator_e2e_recovery") as running:
+        yield running
 
 
 def _held_after_processing(stack: RecoveryStack, workflow: str = NOTICE) -> str:

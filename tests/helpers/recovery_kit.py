@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ import yaml
 from auditd.journal import keyed_ref
 from core.derive import command_key
 from core.workflow.package import build_package
-from devstack.postgres import DatabaseHandle
+from devstack.postgres import DatabaseHandle, PostgresCluster
 from devstack.stack import wait_until
 from tests.helpers.faults import (
     CALL_STEP,
@@ -399,6 +400,25 @@ def recovery_stack(database: DatabaseHandle, *, test_clock: bool = True) -> Iter
         database, RecoveryStack, build_packages, "recovery", test_clock=test_clock
     ) as stack:
         yield stack
+
+
+_databases = itertools.count(1)
+
+
+@contextlib.contextmanager
+def started_recovery_stack(
+    postgres_server: PostgresCluster, prefix: str
+) -> Iterator[RecoveryStack]:
+    """A recovery stack on a database of its own on ``postgres_server``, its all-in-one
+    coordinator started; the database is dropped afterwards (a module fixture's body)."""
+    name = f"{prefix}_{os.getpid()}_{next(_databases)}"
+    database = postgres_server.create_database(name)
+    try:
+        with recovery_stack(database) as running:
+            running.start()
+            yield running
+    finally:
+        postgres_server.drop_database(name)
 
 
 def _alive(pid: int) -> bool:
