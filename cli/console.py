@@ -160,7 +160,7 @@ class Problem:
     def of(cls, status: int, document: Any) -> Problem:
         if isinstance(document, dict) and isinstance(document.get("code"), str):
             return cls(
-                status=int(document.get("status") or status),
+                status=status,  # the answer's own status, whatever the body claims
                 code=str(document["code"]),
                 title=str(document.get("title") or ""),
                 detail=str(document.get("detail") or ""),
@@ -327,7 +327,7 @@ def picture(
     return Markup(drawn)  # noqa: S704
 
 
-def wait_text(step: Mapping[str, Any], now: datetime) -> str:
+def wait_text(step: Mapping[str, Any]) -> str:
     """A wait's timing: due or next check, timeout, checks so far."""
     wait = step.get("wait")
     if not isinstance(wait, dict):
@@ -479,13 +479,12 @@ class Console:
         notice = None
         if refusal is None and done in ACTIONS and result and result.replace("-", "").isalpha():
             notice = f"{done}: {result}"
-        now = clock.now()
         return self.page(
             "run.html",
             session,
             status=refusal.status if refusal is not None else 200,
             run=inspection,
-            steps=[{**s, "waiting": wait_text(s, now)} for s in steps],
+            steps=[{**s, "waiting": wait_text(s)} for s in steps],
             picture=picture(workflow, steps, state),
             knows_workflow=workflow is not None,
             current=current_step(steps, state),
