@@ -339,7 +339,8 @@ def wait_text(step: Mapping[str, Any]) -> str:
         parts.append(f"next check {wait['nextCheckAt']}")
     if wait.get("timeoutAt"):
         parts.append(f"times out {wait['timeoutAt']}")
-    parts.append(f"{wait.get('checks', 0)} checks")
+    checks = wait.get("checks", 0)
+    parts.append(f"{checks} check" + ("" if checks == 1 else "s"))
     return ", ".join(parts)
 
 
