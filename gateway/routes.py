@@ -74,9 +74,9 @@ def context(request: Request) -> GatewayContext:
 async def authenticate(ctx: GatewayContext, request: Request) -> VerifiedToken:
     """The verified caller of ``request``; refusals carry no token material."""
     values = request.headers.getlist("authorization")
-    if len(values) > 1:
-        raise AuthenticationRefused("repeated Authorization header")
     try:
+        if len(values) > 1:
+            raise AuthenticationRefused("repeated Authorization header")
         return await ctx.verifier.verify_authorization(values[0] if values else None)
     except AuthenticationRefused as exc:
         log.info("access token refused: %s", exc.reason)

@@ -694,6 +694,20 @@ def test_a_token_of_the_provider_is_accepted(target: Target) -> None:
     assert (header["typ"], header["alg"], header["kid"]) == ("at+jwt", "RS256", target.kid)
 
 
+def test_a_repeated_authorization_header_is_refused_and_logged(target: Target) -> None:
+    """Two Authorization headers, each with a good token: refused as every token refusal
+    is, with its reason in the gateway's log."""
+    logged = target.log_mark()
+    token = target.operator_token
+    answer = httpx.get(
+        target.audience + TARGET_PATH,
+        headers=[("Authorization", f"Bearer {token}"), ("Authorization", f"Bearer {token}")],
+        timeout=10,
+    )
+    assert_refused(answer, token, known=(target.audience, target.issuer))
+    assert target.refusals_since(logged) == ["repeated Authorization header"]
+
+
 def test_a_token_the_forge_signs_unchanged_is_accepted(forge: Forge) -> None:
     """The forge's tokens verify: each attack is refused for its one change."""
     answer = forge.target.send(forge.by_issuer(forge.header(), forge.claims()))
