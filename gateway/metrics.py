@@ -17,10 +17,20 @@ from core.metrics import CONTENT_TYPE, gauge, merge, new_registry, render
 from core.metrics import exposition as _exposition
 from gateway.health import Readiness
 
-__all__ = ["CONTENT_TYPE", "UNMATCHED_ROUTE", "HttpMetrics", "merge", "readiness_text"]
+__all__ = [
+    "CONTENT_TYPE",
+    "OVER_LIMIT_ROUTE",
+    "UNMATCHED_ROUTE",
+    "HttpMetrics",
+    "merge",
+    "readiness_text",
+]
 
 UNMATCHED_ROUTE: Final = "unmatched"
 """The ``route`` label of requests no route matched."""
+OVER_LIMIT_ROUTE: Final = "over-limit"
+"""The ``route`` label of requests answered 503 before routing, because the listener had
+``deployment.listener.maxConnections`` connections or requests already."""
 
 
 class HttpMetrics:
@@ -30,7 +40,7 @@ class HttpMetrics:
         self._registry = new_registry()
         self._answers = Counter(
             "coordinator_http_requests",
-            "HTTP answers of the main listener.",
+            "HTTP answers of the listeners, by route template (or unmatched, over-limit).",
             ("route", "status"),
             registry=self._registry,
         )
@@ -38,6 +48,10 @@ class HttpMetrics:
     def observe(self, route: str, status: int) -> None:
         """Count one answer; ``route`` is a route template or :data:`UNMATCHED_ROUTE`."""
         self._answers.labels(route, str(status)).inc()
+
+    def over_limit(self) -> None:
+        """Count one request answered 503 for being over ``maxConnections``."""
+        self.observe(OVER_LIMIT_ROUTE, 503)
 
     def count(self, route: str, status: int) -> int:
         """How many answers ``route`` gave with ``status`` so far."""

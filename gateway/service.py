@@ -21,7 +21,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Final
 
 import h11
@@ -64,7 +64,14 @@ class _Server(uvicorn.Server):
 class _Config(uvicorn.Config):
     """uvicorn's settings for one listener, with the limits :class:`_LimitedH11Protocol` reads."""
 
-    def __init__(self, app: ASGIApp, *, max_connections: int, header_timeout: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_connections: int,
+        header_timeout: float,
+        on_over_limit: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(
             app,
             http=_LimitedH11Protocol,
@@ -80,6 +87,7 @@ class _Config(uvicorn.Config):
         )
         self.max_connections = max_connections
         self.header_timeout = header_timeout
+        self.on_over_limit = on_over_limit
 
 
 class _LimitedH11Protocol(H11Protocol):
@@ -113,7 +121,9 @@ class _LimitedH11Protocol(H11Protocol):
             raise TypeError("the gateway's HTTP protocol needs the gateway's uvicorn config")
         self._header_timeout = config.header_timeout
         self._head_timer: asyncio.TimerHandle | None = None
-        self.app = _within_limit(config.max_connections, server_state, self.app)
+        self.app = _within_limit(
+            config.max_connections, server_state, self.app, config.on_over_limit
+        )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -151,12 +161,19 @@ class _LimitedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def _within_limit(limit: int, state: ServerState, app: ASGIApp) -> ASGIApp:
+def _within_limit(
+    limit: int,
+    state: ServerState,
+    app: ASGIApp,
+    on_over_limit: Callable[[], None] | None = None,
+) -> ASGIApp:
     last_notice = -LIMIT_NOTICE_INTERVAL_SECONDS
 
     async def limited(scope: Scope, receive: Receive, send: Send) -> None:
         nonlocal last_notice
         if len(state.connections) > limit or len(state.tasks) > limit:
+            if on_over_limit is not None:
+                on_over_limit()
             # Said at most every 10 s: under a flood, one line per refusal would be a flood.
             now = time.monotonic()
             if now - last_notice >= LIMIT_NOTICE_INTERVAL_SECONDS:
@@ -183,14 +200,23 @@ async def serve_apps(
     *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_SECONDS,
+    on_over_limit: Callable[[], None] | None = None,
 ) -> None:
     """Serve each app on its socket until ``stop`` is set or the caller cancels, each
-    listener with ``max_connections`` and ``header_timeout`` (seconds).
+    listener with ``max_connections`` and ``header_timeout`` (seconds); ``on_over_limit`` is
+    called for each request answered 503 for being over the limit (the gateway counts it).
 
     A server that ends by itself takes the others down and is reported as an error.
     """
     servers = [
-        _Server(_Config(app, max_connections=max_connections, header_timeout=header_timeout))
+        _Server(
+            _Config(
+                app,
+                max_connections=max_connections,
+                header_timeout=header_timeout,
+                on_over_limit=on_over_limit,
+            )
+        )
         for app, _ in listeners
     ]
     tasks = [
@@ -294,6 +320,7 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
                 stop,
                 max_connections=deployment.listener.max_connections,
                 header_timeout=deployment.listener.header_timeout_seconds,
+                on_over_limit=ctx.http_metrics.over_limit,
             )
         finally:
             stopping.set()

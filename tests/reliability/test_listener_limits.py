@@ -18,7 +18,7 @@ import logging
 import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from core.config.model import (
 from core.errors import CoordinatorError
 from core.listen import bind_socket
 from core.runtime import load_runtime
+from gateway.metrics import OVER_LIMIT_ROUTE, HttpMetrics
 from gateway.service import serve, serve_apps
 from tests.helpers.gateway_kit import gateway_runtime_file
 from tests.helpers.runtime_files import complete_runtime, write_runtime
@@ -68,14 +69,22 @@ class HeldApp:
 
 @asynccontextmanager
 async def serving(
-    app: Any, *, max_connections: int = 100, header_timeout: float = 30.0
+    app: Any,
+    *,
+    max_connections: int = 100,
+    header_timeout: float = 30.0,
+    on_over_limit: Callable[[], None] | None = None,
 ) -> AsyncIterator[int]:
     sock = bind_socket(BindAddress("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
     stop = asyncio.Event()
     task = asyncio.create_task(
         serve_apps(
-            [(app, sock)], stop, max_connections=max_connections, header_timeout=header_timeout
+            [(app, sock)],
+            stop,
+            max_connections=max_connections,
+            header_timeout=header_timeout,
+            on_over_limit=on_over_limit,
         )
     )
     try:
@@ -176,7 +185,8 @@ async def test_beyond_max_connections_a_request_is_answered_503_as_a_problem(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = HeldApp()
-    async with serving(app, max_connections=1) as port:
+    metrics = HttpMetrics()
+    async with serving(app, max_connections=1, on_over_limit=metrics.over_limit) as port:
         held_reader, held_writer = await asyncio.open_connection("127.0.0.1", port)
         held_writer.write(request("/hold"))
         await held_writer.drain()
@@ -184,6 +194,9 @@ async def test_beyond_max_connections_a_request_is_answered_503_as_a_problem(
 
         status, headers, body = await exchange(port, request("/ready"))
         assert status == 503
+        # Counted, though no route saw it: coordinator_http_requests_total{route="over-limit"}.
+        assert metrics.count(OVER_LIMIT_ROUTE, 503) == 1
+        assert 'route="over-limit",status="503"} 1.0' in metrics.render()
         assert headers["content-type"] == PROBLEM
         assert headers["connection"] == "close"
         problem = json.loads(body)
@@ -204,6 +217,7 @@ async def test_beyond_max_connections_a_request_is_answered_503_as_a_problem(
         assert (await answer(held_reader, held_writer))[::2] == (200, b"ok")
         # The held connection is closed (read to its end above): there is room again.
         assert (await exchange(port, request("/ready")))[::2] == (200, b"ok")
+        assert metrics.count(OVER_LIMIT_ROUTE, 503) == 1  # an answer in the limit is not
 
 
 async def test_stalled_heads_count_against_max_connections_until_cut_off() -> None:
@@ -298,7 +312,8 @@ async def test_the_gateway_serves_with_the_limits_of_its_runtime_file(
         tmp_path,
         {"bind": f"127.0.0.1:{port}", "maxConnections": 1, "headerTimeoutSeconds": 1},
     )
-    runtime = load_runtime(gateway_runtime_file(tmp_path, document, sockets_dir, free_port()))
+    metrics_port = free_port()
+    runtime = load_runtime(gateway_runtime_file(tmp_path, document, sockets_dir, metrics_port))
 
     stop = asyncio.Event()
     async with api_bound() as bound:
@@ -315,6 +330,9 @@ async def test_the_gateway_serves_with_the_limits_of_its_runtime_file(
         assert json.loads(body)["code"] == "service.unavailable"
         assert await closed_unanswered(stall_reader)
         stall_writer.close()
+        # The refusal is counted on the metrics page, though no route saw the request.
+        _, _, page = await exchange(metrics_port, request("/metrics"))
+        assert b'coordinator_http_requests_total{route="over-limit",status="503"} 1.0' in page
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
