@@ -24,6 +24,7 @@ import grpc
 
 from auditd.journal import AuditEntry, Journal, TornTail, Write
 from core import logs
+from core.codes import Code
 from core.errors import CoordinatorError
 from core.metrics import gauge, render
 from core.own_metrics import own_metrics
@@ -133,6 +134,15 @@ async def open_journal(
         ) from None
     except CoordinatorError as refused:
         raise CoordinatorError(refused.code, f"{refused.code}: {refused.detail}") from None
+    except OSError as failed:
+        # A missing folder, a directory in the file's place, a read-only or full disk at
+        # start: say which file and what the system said, as the other refusals do.
+        why = failed.strerror or type(failed).__name__
+        raise CoordinatorError(
+            Code.DEPLOYMENT_REFUSED,
+            f"deployment.auditFile {path}: cannot be opened ({why}); it must name a regular "
+            "file auditd can create or append to, in an existing folder",
+        ) from None
 
 
 async def serve(

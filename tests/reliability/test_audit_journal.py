@@ -388,6 +388,28 @@ def ctl(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return (code if isinstance(code, int) else 1), out, err
 
 
+@pytest.mark.parametrize("place", ["a directory in its place", "no folder"])
+def test_auditd_refuses_a_journal_it_cannot_open_in_one_line_naming_the_file(
+    deployment_dir: Path, place: str
+) -> None:
+    journal = deployment_dir / "audit" / "audit.jsonl"
+    if place == "a directory in its place":
+        journal.mkdir()
+        why = "Is a directory"
+    else:
+        (deployment_dir / "audit").rmdir()
+        why = "No such file or directory"
+
+    started = start_auditd(deployment_dir / "runtime.yaml")
+
+    assert started.returncode == 1
+    lines = started.stderr.strip().splitlines()
+    assert lines == [
+        f"deployment.refused: deployment.auditFile {journal}: cannot be opened ({why}); it "
+        "must name a regular file auditd can create or append to, in an existing folder"
+    ]
+
+
 async def test_auditd_refuses_a_torn_tail_in_one_line_naming_the_seal(
     deployment_dir: Path, torn: str
 ) -> None:
