@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -52,8 +53,33 @@ def module_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTENER_PORTS_FLOOR = 10_000
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel gives an outgoing connection (32768 when unknown)."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, taken below the kernel's
+    ephemeral range: a port from that range can be handed to any outgoing connection (to
+    PostgreSQL, to a stand-in) between this call and the listener's bind, and the listener
+    then fails with EADDRINUSE. Falls back to a kernel-chosen port when no such port is free."""
+    floor = _ephemeral_floor()
+    if floor - LISTENER_PORTS_FLOOR >= 1_000:
+        for _ in range(64):
+            port = secrets.randbelow(floor - LISTENER_PORTS_FLOOR) + LISTENER_PORTS_FLOOR
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

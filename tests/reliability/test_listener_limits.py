@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -36,6 +35,7 @@ from core.config.model import (
 from core.errors import CoordinatorError
 from core.listen import bind_socket
 from core.runtime import load_runtime
+from devstack.stack import free_port
 from gateway.metrics import OVER_LIMIT_ROUTE, HttpMetrics
 from gateway.service import serve, serve_apps
 from tests.helpers.gateway_kit import gateway_runtime_file
@@ -240,13 +240,6 @@ def sockets_dir() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="lim-", dir="/tmp"))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def free_port() -> int:
-    # Chosen by the kernel and released at once; serve() binds it again right away.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @asynccontextmanager

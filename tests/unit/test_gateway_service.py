@@ -19,6 +19,7 @@ from core.listen import bind_socket
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import server
 from core.runtime import load_runtime
+from devstack.stack import free_port
 from gateway.app import create_app, create_metrics_app
 from gateway.service import serve, serve_apps
 from tests.helpers.gateway_kit import (
@@ -86,13 +87,6 @@ def test_a_busy_address_is_refused() -> None:
         assert "EADDRINUSE" in refused.value.detail
     finally:
         busy.close()
-
-
-def free_port() -> int:
-    # Chosen by the kernel and released at once; serve() binds it again right away.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
