@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from cli.main import default_idempotency_key, main
+from cli.main import default_idempotency_key
 from core import __version__
+from tests.helpers.cli_run import run_cli
 from tests.helpers.refusals import json_refusal
 
 
@@ -25,14 +26,6 @@ def _no_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     # An operator's shell may export these; the tests below say what they expect explicitly.
     monkeypatch.delenv("COORDINATOR_URL", raising=False)
     monkeypatch.delenv("COORDINATOR_TOKEN_FILE", raising=False)
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def last_line(text: str) -> str:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.main import main
 from core.config import check_runtime_file, load_runtime_file
 from core.errors import ConfigInvalid, CoordinatorError, PackageInvalid
 from core.yamlsafe import Marks, load_marked, problems_of
+from tests.helpers.cli_run import run_cli
 from tests.helpers.refusals import json_refusal
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 
@@ -64,14 +64,6 @@ def refusal_of(path: Path) -> CoordinatorError:
 
 def paths_of(error: CoordinatorError) -> list[str | None]:
     return [entry.get("path") for entry in problems_of(error)]
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 # -- every problem, in one run ---------------------------------------------------------------

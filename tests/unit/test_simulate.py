@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from cli import simulate as sim
-from cli.main import main
 from core import derive
 from core.workflow.check import check_source_dir
 from core.workflow.model import Workflow
+from tests.helpers.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -32,14 +32,6 @@ REACHABLE_FAILURES = {
     "register-change": {"refused", "deadline-exceeded", "mapping-invalid"},
 }
 APPROVAL_INPUT = {"applicationId": "APP-2041", "applicantRef": "person-1"}
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def simulate_file(

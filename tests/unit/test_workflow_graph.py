@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.main import main
 from core.workflow.check import check_source_dir
 from core.workflow.graph import (
     CANCEL,
@@ -35,6 +34,7 @@ from core.workflow.graph import dot as dot_text
 from core.workflow.graph import svg as svg_text
 from core.workflow.graph_layout import Box, layout
 from core.workflow.package import build_package
+from tests.helpers.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.parent.name for p in (ROOT / "examples").glob("*/workflow.yaml"))
@@ -397,14 +397,6 @@ def test_run_picture_refuses_a_step_the_workflow_lacks() -> None:
 
 
 # ------------------------------------------------------------------------- the command line
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exited:
-        main(args)
-    out, err = capsys.readouterr()
-    code = exited.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def test_graph_of_a_source_and_of_its_package_are_the_same(
