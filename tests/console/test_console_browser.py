@@ -25,7 +25,6 @@ from playwright.sync_api import Page, expect
 from devstack.postgres import PostgresCluster
 from tests.helpers.recovery_kit import (
     CTL,
-    MESSAGING,
     NOTICE,
     RecoveryStack,
     started_recovery_stack,
@@ -91,10 +90,7 @@ def console_url(stack: RecoveryStack) -> Iterator[str]:
 
 def _held_run(stack: RecoveryStack) -> str:
     """A run whose send Messaging processed and then answered 500: held, effect unknown."""
-    stack.fault_on(MESSAGING, "fail-after")
-    run_id = stack.start_run(SUBJECT, workflow=NOTICE)
-    stack.wait_held(run_id)
-    return run_id
+    return stack.held_after_processing(SUBJECT, workflow=NOTICE)
 
 
 def _origin(url: str) -> str:

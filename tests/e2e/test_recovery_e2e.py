@@ -51,11 +51,7 @@ def stack(postgres_server: PostgresCluster) -> Iterator[RecoveryStack]:
 
 def _held_after_processing(stack: RecoveryStack, workflow: str = NOTICE) -> str:
     """A run whose first call the product processed and then answered 500: held."""
-    product = CASEWORK if workflow == REVIEW else MESSAGING
-    stack.fault_on(product, "fail-after")
-    run_id = stack.start_run(workflow=workflow)
-    stack.wait_held(run_id)
-    return run_id
+    return stack.held_after_processing(workflow=workflow)
 
 
 def _one_record(stack: RecoveryStack, action: str, run_id: str) -> dict[str, object]:

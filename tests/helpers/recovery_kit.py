@@ -274,6 +274,14 @@ class RecoveryStack(FaultStack):
         assert answer.status_code == 201, f"start answered {answer.status_code}: {answer.text}"
         return str(answer.json()["runId"])
 
+    def held_after_processing(self, subject: str = "person-17", *, workflow: str = NOTICE) -> str:
+        """A run whose first call the product processed and then answered 500: held, its
+        effect unknown."""
+        self.fault_on(CASEWORK if workflow == REVIEW else MESSAGING, "fail-after")
+        run_id = self.start_run(subject, workflow=workflow)
+        self.wait_held(run_id)
+        return run_id
+
     def step(self, run_id: str, step: str = CALL_STEP) -> dict[str, Any]:
         """The inspection's entry of ``step`` (the newest one by order reached)."""
         found = [s for s in self.inspection(run_id)["steps"] if s["step"] == step]
