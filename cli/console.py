@@ -133,11 +133,14 @@ def workflows_of(
         verified = verify_package(root, digest)
         found[verified.digest] = verified.workflow
     for folder in folders:
-        roots = [folder] if (folder / MANIFEST).exists() else sorted(folder.glob(f"*/{MANIFEST}"))
+        if (folder / MANIFEST).exists():
+            roots = [folder]
+        else:
+            roots = sorted(manifest.parent for manifest in folder.glob(f"*/{MANIFEST}"))
         if not roots:
             raise CoordinatorError(Code.PACKAGE_INVALID, f"{folder}: no workflow package here")
         for root in roots:
-            verified = verify_package(root if root == folder else root.parent, None)
+            verified = verify_package(root, None)
             found[verified.digest] = verified.workflow
     return found
 

@@ -400,3 +400,15 @@ def test_only_loopback_may_be_bound() -> None:
         assert sock.getsockname()[0] == "127.0.0.1"
     finally:
         sock.close()
+
+
+def test_packages_are_found_in_a_package_folder_or_a_folder_of_them(tmp_path: Path) -> None:
+    from core.errors import CoordinatorError
+    from core.workflow.package import build_package
+
+    built = build_package(ROOT / "examples" / "approval-notice", tmp_path / "out")
+    assert set(web.workflows_of([tmp_path / "out"])) == {built.digest}
+    assert set(web.workflows_of([built.path])) == {built.digest}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CoordinatorError, match="no workflow package here"):
+        web.workflows_of([tmp_path / "empty"])
