@@ -414,7 +414,51 @@ def _header(results: Mapping[str, Any]) -> list[str]:
         "shared with other work)",
         f"PostgreSQL with TLS, {mode}",
         *settings_block(results["postgres"]),
+        *products_block(results),
     ]
+
+
+def products_mode(results: Mapping[str, Any]) -> str:
+    """``products-tls`` when the stand-ins served HTTPS under a private root, else
+    ``plain``."""
+    return "products-tls" if results["settings"].get("products_tls") else "plain"
+
+
+def products_block(results: Mapping[str, Any]) -> list[str]:
+    """The mode the products were reached in, and each connection as the runtime file named
+    it (base URL, private root)."""
+    if products_mode(results) == "products-tls":
+        lines = [
+            "products: products-tls (HTTPS; each connection trusts only a private root made "
+            "for this run)"
+        ]
+    else:
+        lines = ["products: plain (http:// to loopback)"]
+    products = results.get("products") or {}
+    for name, connection in products.get("connections", {}).items():
+        root = connection.get("trustedRootCertificateRef")
+        lines.append(
+            f"  connection {name}: {connection['baseUrl']}"
+            + (f", trustedRootCertificateRef {root}" if root else "")
+        )
+    return lines
+
+
+def served_line(results: Mapping[str, Any]) -> str | None:
+    """What the Messaging stand-in counted it served over the whole bench: requests by
+    scheme and the connections they came on (with the TLS version of each), or None."""
+    served = (results.get("products") or {}).get("messaging")
+    if not served:
+        return None
+    requests = ", ".join(f"{n} {scheme}" for scheme, n in sorted(served["requests"].items()))
+    protocols = ", ".join(f"{n} {name}" for name, n in sorted(served["tls_protocols"].items()))
+    connections = served["connections"]
+    return (
+        f"stand-in served: {requests or 'no'} requests on "
+        + ("uncounted" if connections is None else str(connections))
+        + " connections"
+        + (f" (TLS: {protocols})" if protocols else " (no TLS)")
+    )
 
 
 def _goal_table(results: Mapping[str, Any]) -> list[str]:
@@ -586,6 +630,7 @@ def report(results: Mapping[str, Any]) -> str:
         "-" * RULE,
         f"stand-in: {results['commands']['processed']} commands, "
         f"{results['commands']['twice']} processed twice",
+        *filter(None, [served_line(results)]),
         f"raw rate: {results['raw']['note']}",
     ]
     return "\n".join(lines)

@@ -31,6 +31,12 @@ Phases, in order:
    burst the dispatcher's RSS, one claim's, one settle's and one lease sweep's buffers and
    time, and doctor's time through the API.
 
+The stand-in is reached over plain HTTP unless ``--products-tls`` is given: then it serves
+HTTPS with a certificate from a private root made for the run, and the runtime file's
+connections name that root with ``trustedRootCertificateRef`` (see :mod:`bench.products`).
+The report's header says which mode ran, and its last lines what the stand-in served, by
+scheme, and on how many connections.
+
 Every wait for runs to end polls the database for those runs only, by primary key: a count
 over the whole run table cost 30–110 ms with 100,000 runs waiting, every 20 ms, and
 disturbed what it measured.
@@ -59,8 +65,10 @@ from typing import Any
 import aiohttp
 import asyncpg
 import httpx
+import yaml
 
 from bench.procs import CpuMeter, Memory, component_processes, memory, rss_mib
+from bench.products import PLAIN, TLS, client_verify, make_tls, served, start_products, use_https
 from bench.raw import RawResult, measure, scratch_owner_note
 from bench.report import (
     POSTGRES_SETTINGS,
@@ -143,10 +151,13 @@ class Latency:
 # ------------------------------------------------------------------------------ the stack
 
 
-def build_stack(state: Path, durable: bool) -> tuple[PostgresServer, LocalStack]:
-    """PostgreSQL under ``state`` (``durable`` as asked), the issuer, the Messaging stand-in,
-    the deployment applied with the real ``coordinatorctl``, and the all-in-one
-    coordinator, ready."""
+def build_stack(
+    state: Path, durable: bool, products_tls: bool = False
+) -> tuple[PostgresServer, LocalStack]:
+    """PostgreSQL under ``state`` (``durable`` as asked), the issuer, the Messaging stand-in
+    (over HTTPS with a private root made for this run when ``products_tls``, see
+    :mod:`bench.products`), the deployment applied with the real ``coordinatorctl``, and
+    the all-in-one coordinator, ready."""
     built = build_package(WORKFLOW_SOURCE, state / "packages")
     server = PostgresServer.start(state / "postgres", durable=durable)
     stack: LocalStack | None = None
@@ -154,7 +165,10 @@ def build_stack(state: Path, durable: bool) -> tuple[PostgresServer, LocalStack]
         stack = LocalStack.prepare(
             state / "stack", packages=[(built.path, built.digest)], database=server.default
         )
-        stack.start_products()
+        tls = make_tls(state / "products-tls") if products_tls else None
+        if tls is not None:
+            use_https(stack, tls)
+        start_products(stack, tls)
         ctl = str(Path(sys.executable).with_name("coordinatorctl"))
         subprocess.run(
             [ctl, "--runtime-config", str(stack.runtime_file), "apply"],
@@ -183,6 +197,7 @@ class Bench:
         operator_file = stack.mint("operator", "bench-operator", args.state / "operator-token")
         self.operator_token = operator_file.read_text().strip()
         self.messaging = stack.product_urls["messaging"]
+        self.verify = client_verify(stack)
         self.db: asyncpg.Connection | None = None
         self.own_queries = 0
 
@@ -465,7 +480,7 @@ class Bench:
         ``/dev/stats`` lists processed keys and answers in the same first-processed order
         (both come from one ledger insert per key), so they pair up one to one.
         """
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        async with httpx.AsyncClient(timeout=30.0, verify=self.verify) as client:
             stats = (await client.get(self.messaging + "/dev/stats")).json()
         keys = list(stats["processed"])
         answers = stats["answers"]
@@ -478,7 +493,7 @@ class Bench:
 
     async def processed_twice(self) -> tuple[int, int]:
         """(commands processed, keys processed more than once) at the stand-in."""
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        async with httpx.AsyncClient(timeout=30.0, verify=self.verify) as client:
             stats = (await client.get(self.messaging + "/dev/stats")).json()
         processed: dict[str, int] = stats["processed"]
         return len(processed), sum(1 for n in processed.values() if n > 1)
@@ -690,6 +705,24 @@ async def raw_rate(
     return result, {name: used[name] for name in keep}
 
 
+def products_seen(stack: LocalStack, mode: str) -> dict[str, Any]:
+    """How the products were reached: the mode, each connection's base URL and private root
+    as the runtime file the coordinator ran with names them, and what the Messaging
+    stand-in counted it served over the whole bench (requests by scheme, connections)."""
+    document = yaml.safe_load(stack.runtime_file.read_text(encoding="utf-8"))
+    return {
+        "mode": mode,
+        "connections": {
+            name: {
+                "baseUrl": connection["baseUrl"],
+                "trustedRootCertificateRef": connection.get("trustedRootCertificateRef"),
+            }
+            for name, connection in document["connections"].items()
+        },
+        "messaging": served(stack, "messaging"),
+    }
+
+
 def fresh_state(state: Path) -> None:
     """Empty ``state`` for this run: a folder an earlier bench made (it holds the mark
     file), an empty one, or a new one; anything else is refused rather than deleted."""
@@ -726,6 +759,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="PostgreSQL with fsync, synchronous_commit and full_page_writes on",
     )
     parser.add_argument(
+        "--products-tls",
+        action="store_true",
+        help="the stand-ins serve HTTPS with a certificate from a private root made for the "
+        "run, which each connection names with trustedRootCertificateRef",
+    )
+    parser.add_argument(
         "--waiting-runs",
         type=sizes,
         default="100000,1000000",
@@ -757,16 +796,18 @@ def main(argv: list[str] | None = None) -> None:
     fresh_state(args.state)
     load_before = os.getloadavg()
     began = time.monotonic()
+    mode = TLS if args.products_tls else PLAIN
     print(
         f"bench: starting PostgreSQL (TLS, durable={args.durable}) and the local stack "
-        f"in {args.state}",
+        f"(products: {mode}) in {args.state}",
         flush=True,
     )
-    server, stack = build_stack(args.state, args.durable)
+    server, stack = build_stack(args.state, args.durable, args.products_tls)
     stack_seconds = time.monotonic() - began
     try:
         bench = Bench(server, stack, args)
         results = asyncio.run(measure_all(bench, args))
+        results["products"] = products_seen(stack, mode)
     finally:
         stack.stop()
         server.stop()
@@ -795,6 +836,7 @@ def main(argv: list[str] | None = None) -> None:
         "waiting_runs": args.waiting_runs,
         "burst_runs": args.burst_runs,
         "durable": args.durable,
+        "products_tls": args.products_tls,
     }
     results["machine"] = {
         "cpus": os.cpu_count(),
