@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -52,7 +53,6 @@ from core.workflow.catalogue import (
     validate_command,
 )
 from devstack.products.faults import (
-    TRANSPORT,
     Dropped,
     Fault,
     FaultInvalid,
@@ -60,7 +60,6 @@ from devstack.products.faults import (
     drop_connection,
     dropped_handler,
     is_number,
-    transport_of,
 )
 
 Clock = Callable[[], float]
@@ -505,11 +504,7 @@ class StandIn:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token = TRANSPORT.set(transport_of(receive) if scope["type"] == "http" else None)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            TRANSPORT.reset(token)
+        await self.app(scope, receive, send)
 
     @asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -717,6 +712,8 @@ def serve_main(
     """``python -m devstack.products.<name> --settings FILE [--bind HOST:PORT]``."""
     import uvicorn
 
+    from devstack.products.serving import server_config
+
     parser = argparse.ArgumentParser(prog=prog, description="Run a product stand-in.")
     parser.add_argument("--settings", type=Path, required=True, help="settings file (JSON)")
     parser.add_argument("--bind", help="HOST:PORT (default: the settings' bind)")
@@ -729,11 +726,10 @@ def serve_main(
         print(f"{prog}: {args.settings}: {exc}", file=sys.stderr)
         return 1
     host, _, port = bind.rpartition(":")
-    uvicorn.run(
-        stand_in,
-        host=host,
-        port=int(port),
-        log_level="warning",
-        timeout_graceful_shutdown=5,
-    )
-    return 0
+    # Served with the stand-ins' own protocol (devstack/products/serving.py), which is what
+    # lets the drop faults close a connection without answering.
+    server = uvicorn.Server(server_config(stand_in, host=host, port=int(port)))
+    # Ctrl-C in a terminal: uvicorn has shut down gracefully before this reaches us.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else 1

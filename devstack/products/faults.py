@@ -5,18 +5,19 @@ A fault applies to the next requests of its target (``commands``, ``reads`` or `
 (nothing is processed); the ``-after`` modes act once the command was processed and
 recorded, which is what makes a call *uncertain* for the coordinator.
 
-Dropping a connection needs the socket: under uvicorn, the request's ``receive`` is a method
-of the protocol cycle that owns the asyncio transport, and aborting that transport closes
-the connection without a byte of answer. Where no transport can be found (an in-process
-test transport), :class:`ConnectionDropped` is raised instead, which the test client sees.
+Dropping a connection needs the server's help: ASGI has no message for it. A stand-in served
+by :mod:`devstack.products.serving` finds, in its request's ``scope["state"]``, a function
+that aborts that request's connection (:data:`ABORT_STATE_KEY`). Where there is none (an
+in-process test transport has no socket), :class:`ConnectionDropped` is raised instead,
+which the in-process test client sees as its request failing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, Final, TypeGuard
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -139,32 +140,42 @@ class Faults:
 
 
 class ConnectionDropped(Exception):
-    """Raised instead of dropping when the server gives no socket to close (in-process tests)."""
+    """Raised instead of dropping when the server gives no way to (in-process tests)."""
 
 
 class Dropped(Exception):
     """The connection was closed on purpose; the answer goes nowhere."""
 
 
-# uvicorn hands each request its protocol's receive method; its owner holds the transport.
-TRANSPORT: contextvars.ContextVar[asyncio.BaseTransport | None] = contextvars.ContextVar(
-    "devstack_transport", default=None
-)
+ABORT_STATE_KEY: Final = "devstack.abort-connection"
+"""The member of a request's ``scope["state"]`` that aborts its connection: a callable put
+there, per connection, by :class:`devstack.products.serving.DroppingH11Protocol`."""
 
 
 def transport_of(receive: Receive) -> asyncio.BaseTransport | None:
+    """The asyncio transport behind uvicorn's ``receive``, found through the request cycle
+    that owns it; None where there is none.
+
+    Not used by the stand-ins (see :data:`ABORT_STATE_KEY`): it reads an attribute of
+    uvicorn's internals and finds nothing on uvloop. Kept for ``tests/helpers/loopback.py``,
+    whose server runs on the test's own asyncio loop.
+    """
     owner = getattr(receive, "__self__", None)
     transport = getattr(owner, "transport", None)
     return transport if isinstance(transport, asyncio.BaseTransport) else None
 
 
 async def drop_connection(request: Request) -> None:
-    """Close the client's connection without a byte of answer (abort: RST, not FIN)."""
-    transport = TRANSPORT.get()
-    if transport is None or not hasattr(transport, "abort"):
+    """End the client's connection without a byte of answer, then raise :class:`Dropped`."""
+    state = request.scope.get("state") or {}
+    abort: Callable[[], None] | None = state.get(ABORT_STATE_KEY)
+    if abort is None:
         raise ConnectionDropped("the stand-in dropped the connection")
-    transport.abort()
-    # Wait for the server to notice, so whatever the app returns next is discarded.
+    abort()
+    # Wait until the server has seen the connection go, so that whatever the app sends next
+    # is discarded rather than written to a closed transport. The body was read already, so
+    # the next message is the disconnect; the bound only guards against a server that
+    # never says it.
     for _ in range(1000):
         if (await request.receive())["type"] == "http.disconnect":
             break
@@ -172,4 +183,4 @@ async def drop_connection(request: Request) -> None:
 
 
 async def dropped_handler(request: Request, exc: Exception) -> Response:
-    return Response(status_code=500)  # never reaches the client: the socket is gone
+    return Response(status_code=500)  # never reaches the client: the connection is gone

@@ -1,9 +1,15 @@
 """What every answer to a fuzzed request must be (issue 27, item 3), as one function.
 
-:func:`answer_faults` judges one answer against the request that produced it and lists
-what is wrong with it, in words that name no value:
+:func:`answer_faults` judges one answer against the request that produced it and what the
+deployment was going through meanwhile (:class:`Conditions`), and lists what is wrong with
+it, in words that name no value:
 
 - a 5xx other than 503;
+- a 503 that is not ``service.unavailable``, or that came while no dependency was down
+  and the listener was under ``maxConnections`` (the over-limit refusal is
+  ``service.unavailable`` too): the fuzz session says which dependencies it took down and
+  whether the gateway's over-limit count rose. ``GET /ready``'s not-ready document is held
+  to the second half;
 - an error (4xx or 5xx) that is not an RFC 9457 problem: not ``application/problem+json``,
   not a JSON object with ``type``, ``title``, ``status``, ``detail`` and ``code``, a
   ``status`` other than the answer's, or a ``code`` that ``core/codes.py`` does not give
@@ -23,14 +29,26 @@ them) and the values the caller was handed by the service before (run ids, workf
 the event source): an answer naming the run it is about echoes nothing. The problem's
 ``instance`` member is the request's path by design (RFC 9457, ``docs/openapi.yaml``), so
 it is judged only for being exactly that; every other member is searched.
+
+Where a sent value turns up matters too: inside our own words it echoes nothing. A request
+may well spell part of a sentence the service says to everyone ("is missing", sent as a
+workflow id, is part of "the access token is missing or not acceptable"). An occurrence of
+a sent value counts only where it is not wholly inside an occurrence, in the same answer,
+of fixed text of the service: the code catalogue's titles, codes and problem types, and
+every string constant of the service's source (:func:`own_words`). So a value that merely
+is our words never counts, and one that holds them and more still does.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
+import functools
 import json
+import re
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -86,15 +104,55 @@ class Secrets:
     """Prefix of the problem ``instance`` member (``deployment.listener.publicUrl``)."""
 
 
-def answer_faults(sent: Sent, answer: Answer, secrets: Secrets) -> list[str]:
-    """What is wrong with ``answer`` to ``sent``; empty when nothing is."""
+@dataclass(frozen=True)
+class Conditions:
+    """What the deployment was going through while one request was out: the only
+    circumstances that make a 503 an honest answer."""
+
+    down: Collection[str] = ()
+    """The dependencies the fuzz session had taken down (names, for the record)."""
+    over_limit: bool = False
+    """A listener refused requests for being at ``maxConnections`` meanwhile: the gateway's
+    ``coordinator_http_requests_total{route="over-limit"}`` rose."""
+
+    @property
+    def unavailable(self) -> bool:
+        """Whether a 503 ``service.unavailable`` can be the truth."""
+        return bool(self.down) or self.over_limit
+
+
+NOTHING_DOWN: Final = Conditions()
+UNAVAILABLE: Final = Code.SERVICE_UNAVAILABLE
+"""The one code a 503 may carry: a dependency is down, or the listener is at its limit
+(``gateway/service.py`` refuses with it too)."""
+
+
+def answer_faults(
+    sent: Sent, answer: Answer, secrets: Secrets, conditions: Conditions = NOTHING_DOWN
+) -> list[str]:
+    """What is wrong with ``answer`` to ``sent``, given ``conditions``; empty when nothing is."""
     faults: list[str] = []
     if answer.status >= 500 and answer.status != 503:
         faults.append(f"answered {answer.status}")
     document = _json(answer.body)
+    if answer.status == 503:
+        faults += _unavailable_faults(document, conditions)
     if answer.status >= 400:
         faults += _error_faults(sent, answer, document)
     faults += _echo_faults(sent, answer, document, secrets)
+    return faults
+
+
+def _unavailable_faults(document: Any, conditions: Conditions) -> list[str]:
+    faults: list[str] = []
+    spelled = document.get("code") if isinstance(document, dict) else None
+    code = CATALOGUE.get(spelled) if isinstance(spelled, str) else None
+    # A code outside the catalogue, or none, is _error_faults' finding (and /ready's
+    # document has none by design).
+    if code is not None and code is not UNAVAILABLE:
+        faults.append(f"503 {code.value}, not {UNAVAILABLE.value}")
+    if not conditions.unavailable:
+        faults.append("503 while no dependency was down and the listener was under its limit")
     return faults
 
 
@@ -187,24 +245,55 @@ def _strings(value: Any, *, names: bool = True) -> Iterator[str]:
             yield from _strings(item, names=names)
 
 
-SAID_EVERY_TIME: Final = frozenset(
-    {"no-store", "application/json", PROBLEM_MEDIA_TYPE, 'Bearer error="invalid_token"'}
-)
-"""Header values the gateway sets whatever it was sent (``Cache-Control``, media types,
-``WWW-Authenticate``): a request that happens to spell one, or a part of one, echoes
-nothing."""
-
-
 def echo_candidates(sent: Sent, secrets: Secrets) -> set[str]:
     """The sent strings an answer must not hold."""
     skipped = set(secrets.known) | set(secrets.document_strings)
     return {
         text
         for text in sent_strings(sent)
-        if len(text.strip()) >= MIN_ECHO_CHARS
-        and text not in skipped
-        and not any(text in said for said in SAID_EVERY_TIME)
+        if len(text.strip()) >= MIN_ECHO_CHARS and text not in skipped
     }
+
+
+SERVICE_PACKAGES: Final = ("core", "gateway", "admission", "dispatcher", "recovery", "auditd")
+"""The packages whose processes answer the API (``coordinatorctl`` answers nobody)."""
+ROOT: Final = Path(__file__).resolve().parents[2]
+_PLACEHOLDER: Final = re.compile(r"%(?:\(\w+\))?[-#0 +]*\d*(?:\.\d+)?[sdifrxg]|\{[^{}]*\}")
+"""A ``%``- or ``str.format`` placeholder: what a template says is around it, not it."""
+
+
+@functools.cache
+def own_words() -> frozenset[str]:
+    """The service's fixed text of :data:`MIN_ECHO_CHARS` characters or more: every code's
+    spelling, problem type and title, and every string (or bytes) constant of the service's
+    source that is an expression's value — the pieces of its messages, templates split at
+    their placeholders, header values — but not a docstring, which no answer says."""
+    found: set[str] = set()
+    for code in Code:
+        found.update((code.value, code.info.title, code.type_uri))
+    for package in SERVICE_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found.update(_constants(ast.parse(path.read_text(encoding="utf-8"))))
+    return frozenset(
+        piece
+        for text in found
+        for piece in _PLACEHOLDER.split(text)
+        if len(piece) >= MIN_ECHO_CHARS
+    )
+
+
+def _constants(tree: ast.AST) -> Iterator[str]:
+    said = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and id(node) not in said:
+            if isinstance(node.value, str):
+                yield node.value
+            elif isinstance(node.value, bytes):
+                yield node.value.decode("latin-1")
 
 
 def _echo_faults(sent: Sent, answer: Answer, document: Any, secrets: Secrets) -> list[str]:
@@ -239,7 +328,8 @@ def _normal_path(path: str) -> str:
 
 def echoes(sent: Sent, answer: Answer, secrets: Secrets) -> list[str]:
     """The sent strings the answer holds (header values, every member of a JSON body but a
-    problem's ``instance``, or the raw text of any other body), longest first."""
+    problem's ``instance``, or the raw text of any other body) somewhere other than inside
+    our own words (:func:`own_words`), longest first."""
     searched = list(answer.headers.values())
     document = _json(answer.body)
     if isinstance(document, dict) and answer.status >= 400:
@@ -249,9 +339,36 @@ def echoes(sent: Sent, answer: Answer, secrets: Secrets) -> list[str]:
     else:
         searched.append(answer.body.decode("utf-8", "replace"))
     found = [
-        text for text in echo_candidates(sent, secrets) if any(text in place for place in searched)
+        text
+        for text in echo_candidates(sent, secrets)
+        if any(_outside_own_words(text, place) for place in searched)
     ]
     return sorted(found, key=lambda text: (-len(text), text))
+
+
+def _outside_own_words(text: str, place: str) -> bool:
+    """Whether ``text`` occurs in ``place`` at least once not wholly inside an occurrence
+    of one of our own words in ``place``."""
+    if text not in place:
+        return False
+    # Only words that occur here can cover anything, and only those as long as ``text``.
+    spans = [
+        (start, start + len(word))
+        for word in own_words()
+        if len(word) >= len(text) and word in place
+        for start in _occurrences(word, place)
+    ]
+    return any(
+        not any(begin <= start and start + len(text) <= end for begin, end in spans)
+        for start in _occurrences(text, place)
+    )
+
+
+def _occurrences(text: str, place: str) -> Iterator[int]:
+    start = place.find(text)
+    while start >= 0:
+        yield start
+        start = place.find(text, start + 1)
 
 
 def _json(body: bytes) -> Any:

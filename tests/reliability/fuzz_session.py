@@ -19,10 +19,16 @@ somewhere) — completed with what schemathesis cannot know about our deployment
 :func:`tests.reliability.fuzz_check.answer_faults` and — for a request sent as the document
 describes it — with schemathesis's own conformance checks (:data:`CONFORMANCE`), and keeps
 the tally. :data:`WEIGHTS` says how many of the requests each operation gets.
+
+A 503 is judged with what the session knows of the moment (:class:`Conditions`): the
+dependencies a test took down inside :meth:`FuzzSession.outage`, and whether the gateway's
+count of requests refused at ``maxConnections`` rose since the session last read it (read
+from ``/metrics`` when a 503 comes, so it costs nothing while none does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import itertools
@@ -30,12 +36,13 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from schemathesis import Case, GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Ok
@@ -47,7 +54,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.reliability.fuzz_check import Answer, Secrets, Sent, answer_faults, echoes
+from tests.reliability.fuzz_check import (
+    Answer,
+    Conditions,
+    Secrets,
+    Sent,
+    answer_faults,
+    echoes,
+)
 
 BEARER_VARIANTS: Final = ("producer", "operator", "none", "garbage", "generated", "completion")
 """Credentials of a route that takes an access token; ``completion`` is Casework's opaque
@@ -451,6 +465,32 @@ class Tally:
         }
 
 
+OVER_LIMIT_SERIES: Final = "coordinator_http_requests_total"
+OVER_LIMIT_ROUTE: Final = "over-limit"
+"""The series and ``route`` label the gateway counts its ``maxConnections`` refusals under
+(``gateway/metrics.py``)."""
+
+
+def over_limit_count(client: httpx.Client, metrics_url: str) -> float | None:
+    """How many requests the gateway's listeners have refused at ``maxConnections`` so
+    far; None when ``/metrics`` cannot be read."""
+    try:
+        page = client.get(metrics_url.rstrip("/") + "/metrics")
+    except httpx.HTTPError:
+        return None
+    if page.status_code != 200:
+        return None
+    try:
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(page.text)
+            for sample in family.samples
+            if sample.name == OVER_LIMIT_SERIES and sample.labels.get("route") == OVER_LIMIT_ROUTE
+        )
+    except ValueError:
+        return None  # not Prometheus text: as unreadable as no answer
+
+
 class FuzzSession:
     """Sends planned requests, judges each answer, keeps the tally."""
 
@@ -459,17 +499,55 @@ class FuzzSession:
         target: Target,
         secrets: Secrets,
         keep: Callable[[Planned, httpx.Response], None],
+        over_limit: Callable[[], float | None] | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``over_limit`` reads the gateway's over-limit count (:func:`over_limit_count`
+        by default); ``transport`` replaces the network (for tests of the session)."""
         self.target = target
         self.secrets = secrets
         self.keep = keep
         self.tally = Tally()
-        self.client = httpx.Client(timeout=httpx.Timeout(30.0))
+        self.client = httpx.Client(timeout=httpx.Timeout(30.0), transport=transport)
+        self._over_limit = over_limit or (lambda: over_limit_count(self.client, target.metrics_url))
+        self._refused: float | None = None
+        """The over-limit count last read (None: not read, or unreadable)."""
+        self._counting = False
+        self._down: Counter[str] = Counter()
 
     def close(self) -> None:
         self.client.close()
 
+    @contextlib.contextmanager
+    def outage(self, dependency: str) -> Iterator[None]:
+        """Judge the answers of the block knowing ``dependency`` is down. Take it down inside
+        the block, and leave the block only once the deployment says it is ready again: a
+        503 after the block is a fault."""
+        self._down[dependency] += 1
+        try:
+            yield
+        finally:
+            self._down[dependency] -= 1
+            if self._down[dependency] <= 0:
+                del self._down[dependency]
+
+    def conditions(self, status: int) -> Conditions:
+        """What the deployment is going through, as far as an answer with ``status`` needs."""
+        down = tuple(sorted(self._down))
+        if status != 503 or down:
+            return Conditions(down=down)
+        before, now = self._refused, self._over_limit()
+        # Unreadable, before or now: the rise cannot be shown, and the 503 stays a fault.
+        rose = before is not None and now is not None and now > before
+        if now is not None:
+            self._refused = now
+        return Conditions(down=down, over_limit=rose)
+
     def send(self, planned: Planned) -> None:
+        if not self._counting:
+            # The count before the first request: a rise is what the session's requests met.
+            self._counting = True
+            self._refused = self._over_limit()
         started = time.monotonic()
         try:
             request = self.client.build_request(
@@ -522,7 +600,8 @@ class FuzzSession:
             document_strings=self.secrets.document_strings,
             public_url=self.secrets.public_url,
         )
-        faults = answer_faults(sent, answer, secrets)
+        conditions = self.conditions(response.status_code)
+        faults = answer_faults(sent, answer, secrets, conditions)
         if planned.case is not None:
             faults += conformance_faults(planned.case, response)
         for fault in faults:

@@ -6,8 +6,11 @@ adds our deployment's credentials — right, wrong, missing, garbage, another ro
 real run and workflow ids. Each request goes over HTTP to a real deployed coordinator
 (all components, PostgreSQL with TLS, the stand-ins of the example workflows) that has
 runs waiting for a review, finished, held on an uncertain call and cancelled. Every answer
-is judged by :func:`tests.reliability.fuzz_check.answer_faults`: no 5xx but 503, every
-error an RFC 9457 problem with a catalogued code, no token or sent value in any answer.
+is judged by :func:`tests.reliability.fuzz_check.answer_faults`: no 5xx but a 503
+``service.unavailable`` while a dependency is down or a listener at its limit, every error an
+RFC 9457 problem with a catalogued code, no token or sent value in any answer. The fuzzing
+takes nothing down (the seeding's dropped connection is over before it starts), so a 503
+passes only if the gateway's over-limit count rose with it.
 
 schemathesis's own checks hold every answer to a request sent as the document describes it
 to the document (status, media type, headers, schema). The runs are there to be hit: each
@@ -51,9 +54,19 @@ from devstack.postgres import DatabaseHandle
 from devstack.products.casework import decide
 from devstack.stack import wait_until
 from gateway.events import sign
+from gateway.metrics import HttpMetrics
 from tests.helpers.faults import FaultStack, deployed_stack
 from tests.reliability.exposure import EXPOSURE
-from tests.reliability.fuzz_check import Answer, Secrets, Sent, answer_faults, document_strings
+from tests.reliability.fuzz_check import (
+    NOTHING_DOWN,
+    Answer,
+    Conditions,
+    Secrets,
+    Sent,
+    answer_faults,
+    document_strings,
+    own_words,
+)
 from tests.reliability.fuzz_session import (
     BEARER_VARIANTS,
     COMPLETION_VARIANTS,
@@ -66,6 +79,7 @@ from tests.reliability.fuzz_session import (
     Target,
     conformance_faults,
     operations,
+    over_limit_count,
     planned_requests,
     security_of,
 )
@@ -217,6 +231,10 @@ def seed_runs(stack: FaultStack) -> Seeded:
     )
     assert answer.status_code == 201, answer.text
     seeded.run_ids.append(str(answer.json()["runId"]))
+    # Every run so far settles first: the one-off fault below must meet the next run's
+    # booking, not an earlier booking still on its way (which a loaded machine delays).
+    for run_id in seeded.run_ids:
+        _wait_state(stack, run_id, SETTLED, f"seeded run {run_id} to settle")
     # An uncertain booking: the stand-in processes it, then drops the connection.
     scheduling = stack.local.product_urls["scheduling"]
     httpx.post(
@@ -225,8 +243,14 @@ def seed_runs(stack: FaultStack) -> Seeded:
     held = _start(stack, "appointment-booking", seeded)
     _wait_state(stack, held, ("held",), "the uncertain booking to hold its run")
     httpx.delete(scheduling + "/dev/faults", timeout=10).raise_for_status()
-    for run_id in seeded.run_ids:
-        _wait_state(stack, run_id, SETTLED, f"seeded run {run_id} to settle")
+    # The coordinator saw the connection go, not an answer (a 500 would say status-5xx).
+    inspected = httpx.get(
+        f"{stack.local.url}/v1/runs/{held}/inspection",
+        headers=_bearer(stack.operator_token),
+        timeout=30,
+    ).json()
+    causes = [step["cause"] for step in inspected["steps"] if "cause" in step]
+    assert causes == ["connection-lost"], inspected
     # A reviewer approves the first application: Casework's completion event wakes its run.
     casework = stack.local.product_urls["casework-review-producer"]
     reviews = httpx.get(
@@ -587,9 +611,14 @@ def _problem(code: str, status: int, **members: Any) -> Answer:
     return Answer(status, headers, json.dumps(document).encode())
 
 
+DATABASE_DOWN: Final = Conditions(down=("database",))
+
+
 def test_a_catalogued_problem_and_a_success_pass_the_check() -> None:
     assert answer_faults(START, _problem("request.invalid", 400), SECRETS) == []
-    assert answer_faults(START, _problem("service.unavailable", 503), SECRETS) == []
+    unavailable = _problem("service.unavailable", 503)
+    assert answer_faults(START, unavailable, SECRETS, DATABASE_DOWN) == []
+    assert answer_faults(START, unavailable, SECRETS, Conditions(over_limit=True)) == []
     assert answer_faults(START, _problem("authentication.refused", 401), SECRETS) == []
     created = Answer(
         201,
@@ -640,6 +669,148 @@ def test_the_check_rejects_an_answer_that_echoes_a_sent_value() -> None:
         assert answer_faults(spelled, constant, SECRETS) == [], spelling
 
 
+def test_the_check_spares_a_sent_value_that_is_our_own_words() -> None:
+    # Seed 20270003, long run: the fuzzer sent "is missing" as a workflow id, and the
+    # gateway's refusal of a request without a token says "... is missing or ...".
+    path = "/v1/workflows/is%20missing/runs"
+    sent = Sent(method="POST", path=path, body={"input": {}})
+    refused = _problem(
+        "authentication.refused",
+        401,
+        detail="the access token is missing or not acceptable",
+        instance="http://127.0.0.1:8080" + path,
+    )
+    assert "the access token is missing or not acceptable" in own_words()
+    assert answer_faults(sent, refused, SECRETS) == []
+    # The words inside more than our text holds are the caller's: still an echo.
+    longer = "/v1/workflows/is%20missing-7f3a/runs"
+    named = _problem(
+        "workflow.not-found",
+        404,
+        detail="workflow 'is missing-7f3a' is not active",
+        instance="http://127.0.0.1:8080" + longer,
+    )
+    assert answer_faults(Sent(method="POST", path=longer), named, SECRETS) == [
+        "answer holds a sent value (15 characters)"
+    ]
+    # And so is a value that holds a whole sentence of ours and more, echoed whole.
+    spelled = "the access token is missing or not acceptable, said fz-31c7"
+    echoed = _problem("request.invalid", 400, detail=f"refused: {spelled}")
+    assert answer_faults(
+        Sent(method="POST", path=START.path, body={"a": spelled}), echoed, SECRETS
+    ) == [f"answer holds a sent value ({len(spelled)} characters)"]
+
+
+# The 503 check and its broken variants: an honest 503 passes; each variant, broken in one
+# way, must be flagged with the fault named here.
+HONEST_503: Final = (_problem("service.unavailable", 503), DATABASE_DOWN)
+BROKEN_503: Final[dict[str, tuple[Answer, Conditions]]] = {
+    "right-code-nothing-down": (_problem("service.unavailable", 503), NOTHING_DOWN),
+    "another-503-code": (_problem("audit.response-unavailable", 503), DATABASE_DOWN),
+    "not-a-problem": (
+        Answer(503, {"content-type": "text/plain"}, b"Service Unavailable"),
+        DATABASE_DOWN,
+    ),
+}
+EXPECTED_503_FAULT: Final = {
+    "right-code-nothing-down": "503 while no dependency was down",
+    "another-503-code": "503 audit.response-unavailable, not service.unavailable",
+    "not-a-problem": "error 503 as text/plain",
+}
+
+
+def test_an_honest_503_passes_the_check() -> None:
+    answer, conditions = HONEST_503
+    assert answer_faults(START, answer, SECRETS, conditions) == []
+
+
+@pytest.mark.parametrize("variant", sorted(BROKEN_503))
+def test_the_check_rejects_a_broken_503(variant: str) -> None:
+    answer, conditions = BROKEN_503[variant]
+    faults = answer_faults(START, answer, SECRETS, conditions)
+    assert any(fault.startswith(EXPECTED_503_FAULT[variant]) for fault in faults), faults
+
+
+def _session(over_limit: Callable[[], float | None], answer: Answer) -> FuzzSession:
+    target = Target(
+        base_url="http://127.0.0.1:9",
+        metrics_url="http://127.0.0.1:9",
+        producer_token="p" * 16,
+        operator_token="o" * 16,
+        completion_token="c" * 16,
+        completion_binding="binding-0001",
+        event_source="urn:fuzz",
+        event_key=b"k" * 32,
+        run_ids=[],
+        workflow_ids=[],
+        inputs={},
+        event_workflow="none",
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(answer.status, headers=dict(answer.headers), content=answer.body)
+
+    return FuzzSession(
+        target,
+        SECRETS,
+        lambda *_: None,
+        over_limit=over_limit,
+        transport=httpx.MockTransport(handler),
+    )
+
+
+def _start_planned() -> Planned:
+    return Planned(
+        operation="startRun",
+        mode="positive",
+        credential="producer",
+        method="POST",
+        url="http://127.0.0.1:9" + START.path,
+        query=[],
+        headers=dict(START.headers),
+        content=b"{}",
+        body={},
+    )
+
+
+def test_the_session_accepts_a_503_only_while_it_has_something_down_or_the_limit_rose() -> None:
+    # The gateway's over-limit count as the session reads it: before the first request,
+    # then at each 503 it has no outage to explain.
+    counts = iter([3.0, 3.0, 4.0, 4.0])
+    session = _session(lambda: next(counts), _problem("service.unavailable", 503))
+    try:
+        session.send(_start_planned())  # nothing down, count unchanged: a fault
+        with session.outage("database"):
+            session.send(_start_planned())  # explained by the outage
+        session.send(_start_planned())  # the count rose: an over-limit refusal
+        session.send(_start_planned())  # unchanged again: a fault
+    finally:
+        session.close()
+    assert session.tally.unavailable == 4
+    (fault,) = session.tally.faults
+    assert fault == (
+        "startRun",
+        "503 while no dependency was down and the listener was under its limit",
+    )
+    assert session.tally.faults[fault][0] == 2
+    assert next(counts, None) is None
+
+
+def test_the_over_limit_count_is_read_from_the_gateways_own_series() -> None:
+    metrics = HttpMetrics()
+    metrics.observe("/v1/runs", 200)
+    metrics.over_limit()
+    metrics.over_limit()
+    pages = {"/metrics": httpx.Response(200, text=metrics.render())}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return pages.get(request.url.path, httpx.Response(404))
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        assert over_limit_count(client, "http://127.0.0.1:9") == 2
+        assert over_limit_count(client, "http://127.0.0.1:9/elsewhere") is None
+
+
 def test_the_check_rejects_a_token_in_any_form() -> None:
     token = TOKEN
     whole = _problem("authentication.refused", 401, detail=f"refused {token}")
@@ -680,11 +851,16 @@ def test_the_check_knows_head_answers_and_the_readiness_document() -> None:
         "401 without WWW-Authenticate",
     ]
     ready = Sent(method="GET", path="/ready")
-    not_ready = b'{"ready": false, "reasons": ["store-unavailable"]}'
-    assert (
-        answer_faults(ready, Answer(503, {"content-type": "application/json"}, not_ready), SECRETS)
-        == []
+    not_ready = Answer(
+        503,
+        {"content-type": "application/json"},
+        b'{"ready": false, "reasons": ["store-unavailable"]}',
     )
+    assert answer_faults(ready, not_ready, SECRETS, DATABASE_DOWN) == []
+    # Not ready while nothing was down is as wrong as any other such 503.
+    assert answer_faults(ready, not_ready, SECRETS) == [
+        "503 while no dependency was down and the listener was under its limit"
+    ]
     assert answer_faults(ready, Answer(500, {"content-type": "application/json"}, b""), SECRETS)
 
 

@@ -370,11 +370,17 @@ async def test_clearing_faults_releases_held_requests(stack: Stack) -> None:
 
 
 async def test_drop_after_processing_in_process(stack: Stack) -> None:
-    # In-process there is no socket; the stand-in raises instead (a real server drops it:
-    # see test_standins_server.py).
+    # In-process there is no socket; the stand-in raises instead, so the client gets no
+    # answer at all, not a 500 (a real server drops the connection: test_standins_server.py).
     await stack.fault(mode="drop-after", count=1)
     with pytest.raises(ConnectionDropped):
         await stack.send()
+    assert await stack.processed() == {"key-1": 1}
+    # The record was kept: the receipt and a repeat of the key answer from it.
+    receipt = await stack.receipt("key-1")
+    assert receipt.status_code == 200
+    resent = await stack.send()
+    assert (resent.status_code, resent.json()) == (202, receipt.json())
     assert await stack.processed() == {"key-1": 1}
 
 
