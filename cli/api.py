@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import stat
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,19 @@ from core.errors import CoordinatorError
 from core.runs import REFERENCE
 
 TIMEOUT_SECONDS = 30.0
+
+
+def client_tls() -> ssl.SSLContext:
+    """The roots the gateway's certificate must chain to: those ``SSL_CERT_FILE`` or
+    ``SSL_CERT_DIR`` name when set, else certifi's bundle.
+
+    coordinatorctl's clients of the gateway (its API commands and the console) ignore proxy
+    settings in the environment (``trust_env=False``): a variable the shell happens to carry
+    must not decide where the operator's bearer token is sent. That switch drops these two
+    variables as well; they are kept because they are how an operator trusts a gateway
+    behind a private CA, and they send nothing anywhere.
+    """
+    return httpx.create_ssl_context(trust_env=True)
 
 
 def check_reference(option: str, value: str) -> str:
@@ -78,7 +92,9 @@ class ApiClient:
         all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         all_headers.update(headers or {})
         try:
-            with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
+            with httpx.Client(
+                timeout=TIMEOUT_SECONDS, trust_env=False, verify=client_tls()
+            ) as client:
                 response = client.request(
                     method, self._base + path, json=body, params=params, headers=all_headers
                 )

@@ -101,6 +101,8 @@ CAUSES: Final = {
     "lease-expired": "the dispatcher sending it stopped",
     "restore-snapshot": "placed by a restore hold",
     "token-refused": "the issuer refused the connection's token; nothing was sent",
+    "tls-refused": "the product's or issuer's TLS certificate failed verification; "
+    "nothing was sent",
 }
 """What each inspection ``cause`` means, in a few words."""
 
@@ -197,7 +199,12 @@ class Api:
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None):
         self._base = settings.api_url.rstrip("/")
         self._token_file = settings.token_file
-        self._client = httpx.AsyncClient(timeout=api.TIMEOUT_SECONDS, transport=transport)
+        self._client = httpx.AsyncClient(
+            timeout=api.TIMEOUT_SECONDS,
+            transport=transport,
+            trust_env=False,
+            verify=api.client_tls(),
+        )
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -274,8 +281,8 @@ def reason(status: Mapping[str, Any], inspection: Mapping[str, Any] | None) -> s
             return (
                 f"{step.get('step')}: the product never saw the command; retry-same may resend it"
             )
-        if step.get("cause") == "token-refused":
-            return f"{step.get('step')}: {CAUSES['token-refused']}"
+        if step.get("cause") in ("token-refused", "tls-refused"):
+            return f"{step.get('step')}: {CAUSES[str(step['cause'])]}"
     holds = (inspection or {}).get("holds") or {}
     if holds.get("execution"):
         return "the execution hold stops dispatch"

@@ -23,6 +23,15 @@ Key set cache: fetched on first use, refetched when a token names an unknown ``k
 most once per :data:`JWKS_REFRESH_SECONDS`) and when the cached set is older than
 ``max_age_seconds``. A failed refetch keeps the keys already held.
 
+The issuer never holds a request longer than one fetch's deadline
+(:data:`JWKS_FETCH_DEADLINE_SECONDS`, connecting and the whole body). At most one fetch runs
+at a time, as a task of its own; a request joins it rather than starting another. A token
+whose ``kid`` is held is verified with the keys held and never waits for a fetch, so an
+issuer that answers a byte at a time slows nobody whose key is known. A token that needs
+the fetch (no key set yet, or an unknown ``kid``) waits for it, at most that deadline; if the
+fetch failed the verifier cannot tell whether the issuer has just published that key, and
+answers ``service.unavailable`` rather than a refusal.
+
 Verified tokens: a token whose signature verified is remembered (up to
 :data:`VERIFIED_CACHE_SIZE`, the oldest dropped first) with the key that verified it, so the
 same token sent again skips the header parse and the signature check — but only while that
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import re
 import time
@@ -59,6 +69,13 @@ WWW_AUTHENTICATE: Final = 'Bearer error="invalid_token"'
 MAX_TOKEN_BYTES: Final = 8 * 1024
 MAX_JWKS_BYTES: Final = 256 * 1024
 JWKS_REFRESH_SECONDS: Final = 60.0
+JWKS_FETCH_DEADLINE_SECONDS: Final = 10.0
+"""How long one fetch of the issuer's key set may take, from connecting to the last byte of
+the body; the longest a request ever waits for the issuer.
+
+A healthy issuer answers its JWKS (at most :data:`MAX_JWKS_BYTES`) in well under a second;
+ten seconds leaves room for a slow network and still ends a trickling answer before callers'
+own timeouts do, so they see a prompt 503 they can retry rather than a hung connection."""
 JWKS_MAX_AGE_SECONDS: Final = 3600.0
 UNAVAILABLE_RETRY_SECONDS: Final = 5.0
 VERIFIED_CACHE_SIZE: Final = 4096
@@ -71,6 +88,8 @@ SUPPORTED_ALGORITHMS: Final = frozenset(
 _KEY_TYPES: Final = frozenset({"RSA", "EC", "OKP"})
 _COMPACT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _GENERIC_DETAIL: Final = "the access token is missing or not acceptable"
+
+log = logging.getLogger("coordinator.gateway")
 
 
 class AuthenticationRefused(CoordinatorError):
@@ -125,10 +144,30 @@ class JwksSource(Protocol):
         ...
 
 
-class HttpJwksSource:
-    """A JWKS fetched from ``jwksUrl`` with the caller's :class:`httpx.AsyncClient`.
+def issuer_client(timeout_seconds: float) -> httpx.AsyncClient:
+    """The gateway's HTTP client for the issuer's JWKS (``timeout_seconds`` for each phase).
 
-    Redirects are not followed and the body is bounded by :data:`MAX_JWKS_BYTES`.
+    Proxy settings in the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, in
+    either case) are ignored, as by every outbound client (CONTRACT §9.3): a proxy on the
+    path could answer with keys of its own. The roots a TLS issuer must chain to are still
+    the ones named by ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` when set, else certifi's bundle:
+    that is how an operator trusts an issuer's private CA, and it names no other host.
+    Redirects are not followed.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_seconds),
+        follow_redirects=False,
+        trust_env=False,
+        verify=httpx.create_ssl_context(trust_env=True),
+    )
+
+
+class HttpJwksSource:
+    """A JWKS fetched from ``jwksUrl`` with the caller's :class:`httpx.AsyncClient`
+    (:func:`issuer_client` in the gateway).
+
+    Redirects are not followed and the body is read as a stream that stops at
+    :data:`MAX_JWKS_BYTES`. The whole fetch is bounded by the verifier's deadline.
     """
 
     def __init__(self, url: str, client: httpx.AsyncClient) -> None:
@@ -262,7 +301,9 @@ class TokenVerifier:
     """Verifies access tokens for one issuer and audience.
 
     ``clock`` gives wall time in seconds since the epoch (for ``exp``/``iat``/``nbf``);
-    ``monotonic`` paces key set refreshes. Both are injectable for tests.
+    ``monotonic`` paces key set refreshes. Both are injectable for tests, as is
+    ``fetch_deadline_seconds`` (:data:`JWKS_FETCH_DEADLINE_SECONDS`), which the running event
+    loop measures.
     """
 
     def __init__(
@@ -278,6 +319,7 @@ class TokenVerifier:
         refresh_interval: float = JWKS_REFRESH_SECONDS,
         max_age_seconds: float = JWKS_MAX_AGE_SECONDS,
         unavailable_retry_seconds: float = UNAVAILABLE_RETRY_SECONDS,
+        fetch_deadline_seconds: float = JWKS_FETCH_DEADLINE_SECONDS,
     ) -> None:
         unsupported = [alg for alg in algorithms if alg not in SUPPORTED_ALGORITHMS]
         if unsupported or not algorithms:
@@ -292,11 +334,16 @@ class TokenVerifier:
         self._refresh_interval = refresh_interval
         self._max_age = max_age_seconds
         self._unavailable_retry = unavailable_retry_seconds
+        self._fetch_deadline = fetch_deadline_seconds
         self._keys: dict[str, dict[str, Any]] | None = None
         self._prepared: dict[tuple[str, str], jwt.PyJWK] = {}
         self._loaded_at = 0.0
         self._last_attempt: float | None = None
-        self._lock = asyncio.Lock()
+        self._last_failed = False
+        # The one fetch that may be running, and the event loop time it must end by;
+        # requests that need it join it.
+        self._refreshing: asyncio.Task[None] | None = None
+        self._refresh_ends = 0.0
         self._jws = PyJWS()
         # Tokens whose signature verified, with the key that did it and their claims: a
         # client sends the same token until it expires, and the signature check was most
@@ -323,9 +370,17 @@ class TokenVerifier:
         return self._keys is not None
 
     async def refresh(self) -> bool:
-        """Fetch the key set now (for startup); True when a key set is held afterwards."""
-        await self._refresh_if(lambda now: True)
+        """Fetch the key set now (for startup), or join the fetch already running; True when
+        a key set is held afterwards. Returns within the fetch deadline."""
+        await self._wait(self._refresh_if(lambda now: True))
         return self.ready
+
+    async def close(self) -> None:
+        """Stop a fetch that is running (the gateway is stopping)."""
+        running = self._refreshing
+        if running is not None and not running.done():
+            running.cancel()
+            await asyncio.wait({running})
 
     async def verify_authorization(self, authorization: str | None) -> VerifiedToken:
         """Verify the token of an ``Authorization`` header value."""
@@ -387,19 +442,21 @@ class TokenVerifier:
         return header
 
     async def _key(self, kid: str, alg: str) -> jwt.PyJWK:
-        now = self._monotonic()
+        settled = True
         if self._keys is None:
-            await self._refresh_if(self._may_load)
-        elif now - self._loaded_at >= self._max_age:
-            await self._refresh_if(self._may_refetch)
-        if self._keys is not None and kid not in self._keys:
-            await self._refresh_if(
-                lambda at: kid not in (self._keys or {}) and self._may_refetch(at)
-            )
+            settled = await self._wait(self._refresh_if(self._may_load))
+        elif kid not in self._keys:
+            settled = await self._wait(self._refresh_if(self._may_refetch))
+        elif self._monotonic() - self._loaded_at >= self._max_age:
+            # Not awaited: the keys held serve this token while the old set is refetched.
+            self._refresh_if(self._may_refetch)
         if self._keys is None:
             raise VerifierUnavailable()
         jwk = self._keys.get(kid)
         if jwk is None:
+            if self._last_failed or not settled:
+                # The issuer could not be asked: it may have just published this key.
+                raise VerifierUnavailable()
             raise AuthenticationRefused("kid is not among the issuer's keys")
         if jwk.get("alg", alg) != alg:
             raise AuthenticationRefused("key is for another algorithm")
@@ -420,21 +477,55 @@ class TokenVerifier:
     def _may_refetch(self, now: float) -> bool:
         return self._last_attempt is None or now - self._last_attempt >= self._refresh_interval
 
-    async def _refresh_if(self, wanted: Callable[[float], bool]) -> None:
-        async with self._lock:
-            # Re-read the time and the condition under the lock: a request that waited
-            # here while another fetched must not fetch again.
-            now = self._monotonic()
-            if not wanted(now):
-                return
-            self._last_attempt = now
-            try:
-                keys = _parse_jwks(await self._source.fetch())
-            except JwksUnavailable:
-                return
-            self._keys = keys
-            self._prepared = {}
-            self._loaded_at = now
+    def _refresh_if(self, wanted: Callable[[float], bool]) -> asyncio.Task[None] | None:
+        """The fetch running, else a new one when ``wanted(now)`` allows it, else None."""
+        running = self._refreshing
+        if running is not None and not running.done():
+            return running
+        now = self._monotonic()
+        if not wanted(now):
+            return None
+        self._last_attempt = now
+        self._refresh_ends = asyncio.get_running_loop().time() + self._fetch_deadline
+        self._refreshing = asyncio.create_task(self._fetch(now), name="gateway-jwks-fetch")
+        return self._refreshing
+
+    async def _wait(self, fetch: asyncio.Task[None] | None) -> bool:
+        """Wait for ``fetch`` until its deadline; False when it is still running then."""
+        if fetch is None:
+            return True
+        # asyncio.wait, not the task itself: a request that gives up (its caller went away)
+        # must not cancel the fetch other requests share. The fetch ends itself at the same
+        # instant; this timeout also holds against a source that ignores cancellation.
+        remaining = self._refresh_ends - asyncio.get_running_loop().time()
+        await asyncio.wait({fetch}, timeout=max(remaining, 0.0))
+        return fetch.done()
+
+    async def _fetch(self, started: float) -> None:
+        try:
+            async with asyncio.timeout_at(self._refresh_ends):
+                document = await self._source.fetch()
+            keys = _parse_jwks(document)
+        except TimeoutError:
+            self._last_failed = True
+            log.warning(
+                "the issuer's signing keys were not fetched within %g s", self._fetch_deadline
+            )
+            return
+        except JwksUnavailable as exc:
+            self._last_failed = True
+            log.warning("the issuer's signing keys could not be fetched: %s", exc)
+            return
+        except Exception as exc:
+            # Nobody may be waiting for this task: say what failed (its type only, its
+            # message could name the URL) rather than leave it to the garbage collector.
+            self._last_failed = True
+            log.error("fetching the issuer's signing keys failed: %s", type(exc).__name__)
+            return
+        self._keys = keys
+        self._prepared = {}
+        self._loaded_at = started
+        self._last_failed = False
 
     def _claims(self, claims: dict[str, Any]) -> VerifiedToken:
         now = self._clock()

@@ -25,7 +25,6 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Final
 
 import h11
-import httpx
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -38,7 +37,7 @@ from core.errors import CoordinatorError
 from core.listen import bind_socket
 from core.runtime import Runtime
 from gateway.app import create_app, create_metrics_app
-from gateway.auth import TokenVerifier, jwks_source_for
+from gateway.auth import TokenVerifier, issuer_client, jwks_source_for
 from gateway.backend import GrpcBackend
 from gateway.completions import AdmissionProducers, CompletionHandler, load_credentials
 from gateway.events import EventHandler, load_sources
@@ -289,9 +288,7 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
     deployment = runtime.config.deployment
     authentication = deployment.authentication
     stopping = asyncio.Event()
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(JWKS_TIMEOUT_SECONDS), follow_redirects=False
-    ) as client:
+    async with issuer_client(JWKS_TIMEOUT_SECONDS) as client:
         source = jwks_source_for(authentication, runtime.resolver, client)
         verifier = TokenVerifier.from_settings(authentication, source)
         backend = GrpcBackend(runtime.endpoints, recovery_only=runtime.recovery_only)
@@ -327,5 +324,6 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
             keys.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keys
+            await verifier.close()  # a key fetch still running must not outlive its client
             await backend.close()
             await producers.close()

@@ -125,6 +125,9 @@ def _options() -> list[tuple[str, Any]]:
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # gRPC core would send a TCP channel through grpc_proxy / https_proxy / http_proxy
+        # from the environment; components talk to each other directly, always.
+        ("grpc.enable_http_proxy", 0),
     ]
 
 

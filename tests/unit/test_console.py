@@ -412,3 +412,10 @@ def test_packages_are_found_in_a_package_folder_or_a_folder_of_them(tmp_path: Pa
     (tmp_path / "empty").mkdir()
     with pytest.raises(CoordinatorError, match="no workflow package here"):
         web.workflows_of([tmp_path / "empty"])
+
+
+@pytest.mark.parametrize("cause", ["token-refused", "tls-refused"])
+def test_a_step_that_sent_nothing_says_why_in_words(cause: str) -> None:
+    inspection = {"steps": [{"step": "send", "type": "call", "state": "ready", "cause": cause}]}
+    said = web.reason({"state": "running", "attention": True}, inspection)
+    assert said == f"send: {web.CAUSES[cause]}"

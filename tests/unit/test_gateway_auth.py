@@ -528,13 +528,24 @@ async def test_unreachable_jwks_with_cached_keys_keeps_verifying() -> None:
     verifier = make_verifier(source, clock)
     await verifier.verify(mint())
     source.fail = True
-    clock.now += 7200  # the cache is stale and the refetch fails: the old keys still serve
+    clock.now += 7200  # the cache is stale: the old keys serve while it is refetched
     assert (await verifier.verify(mint())).sub == "portal-user-7"
+    assert await verifier.refresh()  # joins that refetch, which fails: the old keys stay
     assert source.fetches == 2
-    # An unknown kid is then an authentication failure, not an outage.
+    assert (await verifier.verify(mint())).sub == "portal-user-7"
+    # An unknown kid cannot be judged while the issuer cannot be asked (it may have just
+    # published that key): an outage, not a refusal.
     clock.now += 61
     stranger = mint(key=ROTATED_KEY, alg="ES256", kid="ec-9")
+    with pytest.raises(CoordinatorError) as caught:
+        await verifier.verify(stranger)
+    assert caught.value.code == Code.SERVICE_UNAVAILABLE
+    assert source.fetches == 3
+    # Once the issuer answers again, the unknown kid is a refusal.
+    source.fail = False
+    clock.now += 61
     assert (await refused(verifier, stranger)).reason == "kid is not among the issuer's keys"
+    assert source.fetches == 4
 
 
 async def test_a_stale_key_set_is_refetched(source: FakeSource) -> None:
@@ -543,6 +554,10 @@ async def test_a_stale_key_set_is_refetched(source: FakeSource) -> None:
     await verifier.verify(mint())
     source.document = {"keys": [public_jwk(EC_KEY, "ec-1", "ES256")]}  # rsa-1 withdrawn
     clock.now += 3601
+    # The held keys serve the request that finds the set stale; the refetch runs behind it.
+    assert (await verifier.verify(mint())).sub == "portal-user-7"
+    assert await verifier.refresh()  # joins that refetch
+    assert source.fetches == 2
     assert (await refused(verifier, mint())).reason == "kid is not among the issuer's keys"
 
 
@@ -729,6 +744,8 @@ async def test_a_remembered_token_is_verified_again_after_the_key_set_changes(
     token = mint()
     await verifier.verify(token)
     clock.now += 3601  # the key set is reloaded (same keys): its key objects are new
+    await verifier.verify(token)  # with the keys held, while the reload runs
+    assert await verifier.refresh()  # joins the reload
     await verifier.verify(token)
     assert (jws.checks, source.fetches) == (2, 2)
     await verifier.verify(token)
