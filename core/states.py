@@ -53,6 +53,18 @@ class Effect(StrEnum):
     UNKNOWN = "unknown"
 
 
+class SentNothing(StrEnum):
+    """The ``step.cause`` of a call that sent nothing and cannot until someone mends what
+    stood in the way (schema.sql's ``sent_nothing()`` lists the same). The step waits, ready,
+    to try again until its deadline, and its run asks for attention until the step next
+    prepares or ends (CONTRACT §8.4)."""
+
+    TOKEN_REFUSED = "token-refused"  # noqa: S105 - a cause, not a secret
+    """The issuer refused the connection's token, or granted narrower scopes."""
+    TLS_REFUSED = "tls-refused"
+    """A product or the issuer failed TLS verification (untrusted, expired or misnamed)."""
+
+
 class Transition(StrEnum):
     """What a step transition function of ``transitions.sql`` did (its header says what
     each outcome writes)."""

@@ -6,7 +6,10 @@ this command?":
 - ``accepted``: a 2xx answer whose body is a JSON object. The product took the command.
 - ``retryable``: the product certainly did not process it — the connection was never
   established, or it answered 429, or 503 with the problem code ``service.unavailable``.
-  The same command is sent again later with the same key.
+  The same command is sent again later with the same key. A TLS handshake that failed
+  verification sent nothing either, but a certificate does not mend by itself: that one
+  carries the cause ``tls-refused``, which the step shows and its run's attention follows
+  (CONTRACT §9.3, "Untrusted endpoints are visible").
 - ``refused``: 400, 401, 403, 404, 409 or 422 — the product looked at the command and said
   no. (The caller handles 401's one resend with a fresh token.)
 - ``uncertain``: anything else, including a 2xx whose body cannot be read, a 5xx other than
@@ -17,9 +20,9 @@ this command?":
   line break, a URL the client cannot send to). It was never sent and never will be: the
   run fails ``invalid-command``.
 
-What the HTTP client reports, and what each means, is the table
-:data:`core.products.http.FAILURES`; only a failure proven to happen before the request's
-first byte left (the connection never existed) is retryable.
+What the HTTP client reports is an :class:`core.products.http.ExchangeFailure`; only one
+proven to happen before the request's first byte left (the connection never existed, or its
+TLS handshake failed) is retryable.
 
 ``reason`` strings name the status and problem code or the failure class only; they never
 quote a body, since a product's answer may carry personal data.
@@ -35,6 +38,7 @@ from typing import Any, Final
 
 from core.canonical import parse_json
 from core.products.http import UNREADABLE_ANSWER, UNSENDABLE, ExchangeFailure
+from core.states import SentNothing
 
 ACCEPTED: Final = "accepted"
 RETRYABLE: Final = "retryable"
@@ -64,7 +68,8 @@ class Classified:
     response: dict[str, Any] | None = None
     """The parsed body of an accepted answer."""
     cause: str | None = None
-    """Why an uncertain result is uncertain (CONTRACT §8.4); None for the others."""
+    """Why an uncertain result is uncertain (CONTRACT §8.4), or why a retryable one must be
+    seen by an operator (``tls-refused``); None for the others."""
 
     @property
     def cause_status(self) -> int | None:
@@ -122,6 +127,8 @@ def classify_failure(error: ExchangeFailure) -> Classified:
     if not error.sent:
         if error.cause == UNSENDABLE:
             return Classified(NOT_SENDABLE, "refused before sending")
+        if error.cause == SentNothing.TLS_REFUSED:
+            return Classified(RETRYABLE, "not sent (tls-refused)", cause=SentNothing.TLS_REFUSED)
         return Classified(RETRYABLE, f"not sent ({error.cause})")
     # The request may have reached the product.
     return Classified(UNCERTAIN, f"no answer ({error.cause})", cause=error.cause)

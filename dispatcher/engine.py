@@ -32,7 +32,7 @@ from core.codes import Code
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
 from core.products.calls import ConnectionCalls
-from core.products.http import Exchanger, ProductHttp, keepalive_seconds
+from core.products.http import Exchanger, ProductHttp, refuse_retired_settings
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.states import StepState
@@ -56,9 +56,10 @@ GIVE_BACK_SECONDS = 2.0
 
 
 def product_client(environ: Mapping[str, str]) -> ProductHttp:
-    """The HTTP client for products and the issuer (see :mod:`core.products.http`), with
-    the keep-alive ``environ`` sets."""
-    return ProductHttp(keepalive_seconds=keepalive_seconds(environ))
+    """The HTTP client for products and the issuer (see :mod:`core.products.http`); refuses
+    a setting it no longer reads, if ``environ`` has one."""
+    refuse_retired_settings(environ)
+    return ProductHttp()
 
 
 async def _cancel_abandoned(tx: Tx) -> bool:

@@ -33,7 +33,7 @@ from core.crypto import Keyring
 from core.errors import CoordinatorError
 from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
-from core.states import Transition
+from core.states import SentNothing, Transition
 from dispatcher.claim import Claimed
 from dispatcher.tx import Prepared, Settlement, Tx
 
@@ -243,25 +243,31 @@ class Settler:
             )
         log.info("run %s step %s: nothing sent; ready again", claimed.run_id, claimed.step_id)
 
-    async def token_refused(self, claimed: Claimed, *, delay: float, deadline_seconds: int) -> None:
-        """The issuer refused the step's access token, so nothing was sent: the step is
-        ready again in ``delay`` seconds (no later than its deadline) with cause
-        ``token-refused``, and the run gets attention (§8.4). The first refusal starts the
-        ``deadline_seconds`` clock a first attempt would have started. Nothing is written
-        when the lease is no longer ours."""
+    async def sent_nothing(
+        self, claimed: Claimed, cause: SentNothing, *, delay: float, deadline_seconds: int
+    ) -> None:
+        """Nothing was sent for the step, for ``cause``, which only an operator can mend: the
+        issuer refused its access token (``token-refused``) or failed TLS verification
+        (``tls-refused``). The step is ready again in ``delay`` seconds (no later than its
+        deadline) showing the cause, and the run asks for attention (§8.4) until the step
+        prepares or ends. The first such attempt starts the ``deadline_seconds`` clock a
+        first attempt would have started. Nothing is written when the lease is no longer
+        ours."""
         async with statement(self.store) as conn:
-            await self.store.queries.dispatcher_step_token_refused(
+            await self.store.queries.dispatcher_step_sent_nothing(
                 conn,
                 run_id=claimed.run_id,
                 step_id=claimed.step_id,
                 owner=self.owner,
+                cause=SentNothing(cause),
                 delay=delay,
                 deadline_seconds=deadline_seconds,
             )
         log.info(
-            "run %s step %s: the access token was refused; ready again in %.0f s",
+            "run %s step %s: nothing sent (%s); ready again in %.0f s",
             claimed.run_id,
             claimed.step_id,
+            cause,
             delay,
         )
 

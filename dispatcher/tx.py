@@ -35,7 +35,7 @@ from core.crypto import Keyring
 from core.db.statements import Statements
 from core.payloads import seal_json
 from core.runtime import Store
-from core.states import RunState, StepState, Transition
+from core.states import RunState, SentNothing, StepState, Transition
 from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 
@@ -51,8 +51,9 @@ UNCERTAIN_CAUSES: Final = frozenset(
     }
 )
 """Why a call the dispatcher settles as uncertain has an unknown effect (CONTRACT §8.4;
-``step.cause`` in schema.sql). ``restore-snapshot`` is recovery's and ``token-refused``
-belongs to a step that sent nothing, so neither is one."""
+``step.cause`` in schema.sql). ``restore-snapshot`` is recovery's, and the causes of
+:class:`core.states.SentNothing` belong to a step that sent nothing, so none of them is
+one."""
 
 
 def misses_deadline(deadline_at: datetime | None, now: datetime, delay: float) -> bool:
@@ -313,9 +314,11 @@ class Tx:
         """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
         await self.settle(CANCEL)
 
-    async def retry(self, delay: float) -> bool:
+    async def retry(self, delay: float, cause: SentNothing | None = None) -> bool:
         """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
 
+        ``cause`` is why nothing left when an operator must see it (``tls-refused``): the
+        step shows it and the run asks for attention until the step prepares again or ends.
         An abandoned step is never tried again: it ends cancelled (True: nothing more to do).
         """
         if self.abandoned:
@@ -324,9 +327,16 @@ class Tx:
         if misses_deadline(self.deadline_at, self.now, delay):
             return False
         await self._queries.dispatcher_step_retry(
-            self._conn, run_id=self._run_id, step_id=self._step_id, delay=delay
+            self._conn,
+            run_id=self._run_id,
+            step_id=self._step_id,
+            delay=delay,
+            cause=None if cause is None else SentNothing(cause),
         )
-        self._changed("ready again in %.0f s", delay)
+        if cause is None:
+            self._changed("ready again in %.0f s", delay)
+        else:
+            self._changed("sent nothing (%s); ready again in %.0f s", cause, delay)
         return True
 
     async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:

@@ -23,7 +23,7 @@ from core.bindings import verify_live_bindings
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.own_metrics import own_metrics
-from core.products.http import ProductHttp, keepalive_seconds
+from core.products.http import ProductHttp, refuse_retired_settings
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
@@ -172,7 +172,8 @@ async def serve(
     if audit_channel is not None:
         audit_ready = audit_probe_over_grpc(pb_grpc.AuditStub(audit_channel))
     assert audit_ready is not None
-    http = ProductHttp(keepalive_seconds=keepalive_seconds(os.environ))
+    refuse_retired_settings(os.environ)
+    http = ProductHttp()
     env = RecoveryEnv.from_store(store, http, recovery_only=runtime.recovery_only)
     service = RecoveryService(
         store, recovery_only=runtime.recovery_only, audit_ready=audit_ready, env=env

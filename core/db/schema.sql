@@ -67,6 +67,12 @@
 --                   issuer's short error code and when), for doctor; a granted token
 --                   deletes the connection's row.
 --
+-- Rules. Two small functions name what several statements must agree on, so that each is
+-- written once: sent_nothing(cause), the causes a step carries although nothing of it was
+-- sent, and step_wants_attention(state, cause), whether a step makes its run ask for
+-- attention. Both are plain IMMUTABLE expressions the planner inlines into each query, so
+-- they cost what writing them out would and leave every plan as readable as before.
+--
 -- Notifications. Three channels named after the namespace carry no payload: `<ns>_due`
 -- whenever a step becomes due and unclaimed (idle dispatchers wake on it instead of polling),
 -- `<ns>_hold` whenever the holds change, and `<ns>_activation` whenever the activation serial
@@ -82,6 +88,29 @@ CREATE FUNCTION {{ns}}.now() RETURNS timestamptz
         SELECT coalesce(
             nullif(current_setting('coordinator.fake_now', true), '')::timestamptz,
             statement_timestamp())
+    $$;
+
+-- The causes of a step that sent nothing and cannot until someone mends what stood in the
+-- way: the issuer refused the connection's token (or granted narrower scopes), token-refused,
+-- or a product or the issuer failed TLS verification, tls-refused. Such a step waits, ready,
+-- to try again until its deadline, and its run asks for attention meanwhile (CONTRACT §8.4).
+-- The step table's CHECK reads this list too: a cause added here is one an unknown effect
+-- need not explain.
+CREATE FUNCTION {{ns}}.sent_nothing(cause text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT cause IN ('token-refused', 'tls-refused')
+    $$;
+
+-- Whether a step in state with cause makes its run ask for attention: its effect is unknown
+-- (uncertain), the product proved the command never arrived and an operator retries or
+-- cancels (not-sent), or it waits, ready, on what only an operator can mend (sent_nothing).
+-- Every statement that recomputes run.attention from the run's steps asks this.
+CREATE FUNCTION {{ns}}.step_wants_attention(state text, cause text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT state IN ('uncertain', 'not-sent')
+               OR (state = 'ready' AND {{ns}}.sent_nothing(cause))
     $$;
 
 CREATE TABLE {{ns}}.schema_version (
@@ -244,15 +273,17 @@ CREATE TABLE {{ns}}.step (
     -- after the request was written, the connection lost, a 5xx, an answer that could not
     -- be read, broke HTTP/1.1 framing or was too large), the dispatcher holding the
     -- prepared command stopped (lease-expired), or a restore-hold snapshotted the step
-    -- (restore-snapshot). token-refused is the one cause of a step that sent nothing: the
-    -- issuer refused the connection's token, and the step is ready to try again. Kept while
-    -- an operator settles the step and the effect stays unknown; cleared when it becomes
-    -- known or the dispatcher records a fresh outcome. Names no URL, header, body or value.
+    -- (restore-snapshot). token-refused and tls-refused are the causes of a step that sent
+    -- nothing (sent_nothing above): the issuer refused the connection's token, or a product
+    -- or the issuer failed TLS verification, and the step is ready to try again; they are
+    -- cleared when the step next prepares or ends. The others are kept while an operator
+    -- settles the step and the effect stays unknown, and cleared when it becomes known or
+    -- the dispatcher records a fresh outcome. Names no URL, header, body or value.
     cause              text CHECK (cause IN ('timeout-after-send', 'connection-lost',
                                              'status-5xx', 'unreadable-answer',
                                              'framing-violation', 'answer-too-large',
                                              'lease-expired', 'restore-snapshot',
-                                             'token-refused')),
+                                             'token-refused', 'tls-refused')),
     -- status-5xx only: the status the product answered
     cause_status       integer,
     command_payload_id bigint REFERENCES {{ns}}.payload (id) ON DELETE SET NULL,
@@ -283,8 +314,8 @@ CREATE TABLE {{ns}}.step (
     CHECK (step_type = 'call' OR (effect IS NULL AND command_key IS NULL
                                   AND command_payload_id IS NULL)),
     CHECK (state NOT IN ('completed', 'refused', 'failed', 'cancelled') OR ended_at IS NOT NULL),
-    -- a cause explains an unknown effect; token-refused also stands where nothing was sent
-    CHECK (cause IS NULL OR cause = 'token-refused' OR effect = 'unknown'),
+    -- a cause explains an unknown effect, except one of a step that sent nothing
+    CHECK (cause IS NULL OR {{ns}}.sent_nothing(cause) OR effect = 'unknown'),
     CHECK (cause_status IS NULL OR cause = 'status-5xx')
 ) WITH (fillfactor = 70);
 

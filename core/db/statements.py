@@ -528,15 +528,58 @@ class Statements(Queries):
         run_id: str,
         step_id: str,
         delay: float,
+        cause: str | None,
     ) -> Record | None:
         """A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
-        due in delay seconds, with the same command and key.
+        due in delay seconds, with the same command and key. cause is null when the product
+        said so (or the connection was never made); tls-refused when nothing left because the
+        product failed TLS verification, which will not mend by itself: the step keeps that
+        cause and the run gets attention until the step next prepares or ends, as
+        dispatcher_step_sent_nothing does for a step that never got as far as preparing.
+        ``cause``: a sent_nothing cause (schema.sql), or null.
         """
         result: Record | None = await conn.fetchrow(
             self["dispatcher_step_retry"],
             run_id,
             step_id,
             delay,
+            cause,
+        )
+        return result
+
+    async def dispatcher_step_sent_nothing(
+        self,
+        conn: Connection,
+        *,
+        run_id: str,
+        step_id: str,
+        owner: str,
+        cause: str,
+        delay: float,
+        deadline_seconds: int,
+    ) -> Record | None:
+        """The owner sent nothing for a call step, for a cause an operator must see (one of
+        sent_nothing in schema.sql): the issuer refused its access token (or granted narrower
+        scopes than the connection's), token-refused, or the issuer failed TLS verification,
+        tls-refused. The step records the cause and is ready again, due delay seconds from now
+        but no later than its deadline, and its lease ends; the run keeps its state and gets
+        attention (an ended run is left alone) until the step next prepares or ends, which
+        clears both (transitions.sql). A step that was never prepared has no deadline yet: the
+        first such attempt counts as the first and sets it, deadline_seconds from now, so the
+        claim after it answers past_deadline and the run fails deadline-exceeded as a retried
+        call would. The run row is locked first, as a cancel locks it. Answers when the step
+        is due again; no row, and nothing written, when the lease is no longer this owner's.
+        ``cause``: token-refused or tls-refused. ``deadline_seconds``: the workflow's
+        deadlineSeconds.
+        """
+        result: Record | None = await conn.fetchrow(
+            self["dispatcher_step_sent_nothing"],
+            run_id,
+            step_id,
+            owner,
+            cause,
+            delay,
+            deadline_seconds,
         )
         return result
 
@@ -588,38 +631,6 @@ class Statements(Queries):
             outcome,
             failure_kind,
             failure_path,
-        )
-        return result
-
-    async def dispatcher_step_token_refused(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        owner: str,
-        delay: float,
-        deadline_seconds: int,
-    ) -> Record | None:
-        """The owner asked the issuer for the access token of a call step and was refused (or
-        granted narrower scopes than the connection's), so nothing was sent. The step records
-        cause token-refused and is ready again, due delay seconds from now but no later than
-        its deadline, and its lease ends; the run keeps its state and gets attention (an ended
-        run is left alone) until a later prepare of the step clears both. A step that was
-        never prepared has no deadline yet: the first refusal counts as the first attempt and
-        sets it, deadline_seconds from now, so the claim after it answers past_deadline and
-        the run fails deadline-exceeded as a retried call would. The run row is locked first,
-        as a cancel locks it. Answers when the step is due again; no row, and nothing written,
-        when the lease is no longer this owner's. ``deadline_seconds``: the workflow's
-        deadlineSeconds.
-        """
-        result: Record | None = await conn.fetchrow(
-            self["dispatcher_step_token_refused"],
-            run_id,
-            step_id,
-            owner,
-            delay,
-            deadline_seconds,
         )
         return result
 
@@ -1515,7 +1526,9 @@ class Statements(Queries):
     ) -> list[Record]:
         """Cancel the steps of a run that wait to be worked on and that no dispatcher holds:
         ready, waiting (the wait is abandoned) and not-sent. Leased steps are settled by their
-        dispatcher; uncertain steps stay uncertain. Answers the cancelled step ids.
+        dispatcher; uncertain steps stay uncertain. A step that sent nothing loses its cause
+        with its end (the cause of a ready step whose effect is still unknown stays). Answers
+        the cancelled step ids.
         """
         result: list[Record] = await conn.fetch(
             self["recovery_steps_cancel"],
@@ -1675,9 +1688,11 @@ class Statements(Queries):
         attention: bool,
     ) -> Record | None:
         """Set a run's attention while it waits: true when the product refused to show it the
-        result, false again once a read is answered. Attention is never cleared from a run
-        with an uncertain step (that is an operator's business), a call whose token the issuer
-        refused, or an ended run. Answers the run id when something changed.
+        result or failed TLS verification, false again once a read is answered. Attention is
+        never cleared from a run with a step that asks for it (step_wants_attention in
+        schema.sql: an uncertain or not-sent step is an operator's business, as is a call that
+        sent nothing for a refused token or a failed TLS verification), nor from an ended run.
+        Answers the run id when something changed.
         """
         result: Record | None = await conn.fetchrow(
             self["waits_run_attention"],

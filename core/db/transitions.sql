@@ -118,11 +118,35 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_close_cancelled(p_run text, p_step text)
         END
     $$;
 
+-- Recompute run p_run's attention from its steps (step_wants_attention in schema.sql) once
+-- one that asked for it because it sent nothing (sent_nothing) has prepared or ended: what
+-- that step asked for goes with it, what another step asks for stays. An ended run is
+-- recomputed too: a step that ended without being prepared leaves no attention behind.
+-- (plpgsql like the others, whose bodies are checked when first run rather than when
+-- created: apply over a namespace whose schema.sql lacks those rules then reaches the drift
+-- check, which names what is missing, instead of failing on this file.)
+CREATE OR REPLACE FUNCTION {{ns}}.run_attention_recompute(p_run text) RETURNS void
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        BEGIN
+            UPDATE {{ns}}.run u
+               SET attention = EXISTS (
+                       SELECT 1 FROM {{ns}}.step x
+                        WHERE x.run_id = u.id
+                          AND {{ns}}.step_wants_attention(x.state, x.cause)),
+                   updated_at = {{ns}}.now()
+             WHERE u.id = p_run;
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored
 -- (parallel arrays p_purposes, p_key_versions, p_nonces, p_ciphertexts; may be empty),
--- and the run moves on:
+-- and the run moves on. A step that ends while it waits with a cause of sending nothing
+-- (its deadline passed, or a cancel ended it) takes the attention it asked for with it:
+-- the run's attention is recomputed without it. Then:
 --
 -- * the local steps the dispatcher already decided from the run's values (parallel arrays
 --   p_passed_ids, p_passed_types; may be empty) are recorded as reached and completed, in
@@ -182,6 +206,9 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
                    updated_at = {{ns}}.now()
              WHERE run_id = p_run AND step_id = p_step;
+            IF {{ns}}.sent_nothing(l.cause) THEN
+                PERFORM {{ns}}.run_attention_recompute(p_run);
+            END IF;
             IF v_keep AND coalesce(cardinality(p_purposes), 0) > 0 THEN
                 INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce,
                                             ciphertext)
@@ -246,7 +273,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
 -- the sealed command given (state key version p_key_version, nonce p_nonce, ciphertext
 -- p_ciphertext with its GCM tag), stored here. It is sent under command key p_command_key,
 -- and the step's deadline is set at the first attempt, p_deadline_seconds from now. The
--- attempt is counted. A step whose token the issuer refused before has one now: its cause
+-- attempt is counted. A step that sent nothing before for a cause an operator had to see
+-- (sent_nothing: a refused token, a failed TLS verification) is on its way now: that cause
 -- is cleared and the run's attention recomputed without it.
 --
 -- Answers the outcome and, when written, the attempt's number, whether it is the run's
@@ -306,7 +334,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_prepare(
                SET state = 'prepared',
                    command_payload_id = v_payload,
                    command_key = p_command_key,
-                   cause = CASE WHEN l.cause = 'token-refused' THEN NULL ELSE s.cause END,
+                   cause = CASE WHEN {{ns}}.sent_nothing(l.cause) THEN NULL ELSE s.cause END,
                    prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
                    first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
                    deadline_at = coalesce(s.deadline_at,
@@ -317,15 +345,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_prepare(
              WHERE s.run_id = p_run AND s.step_id = p_step
             RETURNING s.attempts, extract(epoch FROM s.deadline_at - {{ns}}.now())::float8
                  INTO attempts, deadline_in;
-            IF l.cause = 'token-refused' THEN
-                UPDATE {{ns}}.run u
-                   SET attention = EXISTS (
-                           SELECT 1 FROM {{ns}}.step x
-                            WHERE x.run_id = u.id AND x.step_id <> p_step
-                              AND (x.state IN ('uncertain', 'not-sent')
-                                   OR (x.state = 'ready' AND x.cause = 'token-refused'))),
-                       updated_at = {{ns}}.now()
-                 WHERE u.id = p_run;
+            IF {{ns}}.sent_nothing(l.cause) THEN
+                PERFORM {{ns}}.run_attention_recompute(p_run);
             END IF;
             outcome := 'written';
         END

@@ -1,19 +1,26 @@
-"""Outbound HTTP to products and the issuer, on aiohttp (CONTRACT §9.3).
+"""Outbound HTTP to products and the issuer (CONTRACT §9.3).
 
-aiohttp owns the HTTP/1.1 framing: its C parser, its connection pool, its header limits.
-What this module adds is what a call's classification needs from it, and nothing else:
+**One exchange per connection.** An HTTP/1.1 answer does not name the request it answers,
+so an answer that arrives late on a kept-alive connection (a second ``201`` written after
+the first, say) cannot be told apart from the answer to the next request written on it. No
+check of an idle connection closes that window; not reusing connections does. Every
+exchange here opens its own connection, writes ``Connection: close`` with its request,
+takes the first complete answer and closes the connection: whatever the product writes
+after that answer is dropped with the socket, never parsed, never anyone's answer.
+
+h11 (the framing library uvicorn and httpx's h11 backend also build on) turns the bytes
+into events; asyncio's streams carry them. What this module adds is what a call's
+classification needs:
 
 - one **deadline per exchange** (connect, write, the complete answer), the connection's
-  ``callTimeoutSeconds``;
-- the answer read as a stream and **capped**, raw and decoded (gzip and deflate are decoded
-  here, under the same cap, so a small compressed body cannot grow past it);
-- header lines up to 64 KiB each and 64 KiB in all;
-- proxies in the environment ignored, redirects never followed;
-- a pooled connection is used again only if it is provably clean: the answer ended exactly
-  where its framing said, nothing arrived on it while it sat idle, and its socket has
-  nothing to read. Bytes after a complete answer (a second message, half of one, a message
-  sent late) close the connection, so they can never be read as the answer to a later
-  request;
+  ``callTimeoutSeconds``, with connecting bounded on its own so that an unreachable product
+  is a definite failure before the deadline can make it an ambiguous one;
+- the answer **capped**: the head at 64 KiB and 128 lines, the body at 1 MiB raw and
+  decoded (gzip and deflate are decoded here, under the same cap, so a small compressed
+  body cannot grow past it), and a compressed body must end where its framing ends;
+- framing that h11 tolerates but a product must not send refused: a ``Content-Length``
+  beside ``Transfer-Encoding``;
+- nothing taken from the environment (no proxy, no ``.netrc``), redirects never followed;
 - every failure turned into one :class:`ExchangeFailure` saying whether a byte of the
   request can have left, and a value-free ``cause``.
 
@@ -23,36 +30,32 @@ Nothing here logs, and no message holds a URL query, header, body or token.
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
-import select
 import ssl
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import client_exceptions, http_exceptions
-from aiohttp.client_proto import ResponseHandler
+import h11
 
 from core.errors import ConfigInvalid
 
 MAX_BODY_BYTES: Final = 1 << 20
 """The largest answer body kept, raw and decoded (CONTRACT §9.3)."""
 MAX_HEADER_BYTES: Final = 64 << 10
-"""The largest header section, and the largest single header line."""
+"""The largest answer head (status line and header lines)."""
 MAX_HEADERS: Final = 128
-KEEPALIVE_SECONDS: Final = 2.0
-"""Idle connections are closed after this long: below common servers' idle timeouts, so
-a server rarely closes one just as it is used again."""
-KEEPALIVE_ENV: Final = "COORDINATOR_PRODUCT_KEEPALIVE_SECONDS"
-"""Overrides :data:`KEEPALIVE_SECONDS` (0 to 60; 0 opens a connection per exchange)."""
 CONNECT_SECONDS: Final = 10.0
-"""Connecting (and waiting for a pooled connection) is bounded by this or half the
-exchange's deadline, whichever is less, so an unreachable product is a definite failure
-before the deadline can make it an ambiguous one."""
+"""Connecting (and waiting for a free connection slot) is bounded by this or half the
+exchange's deadline, whichever is less."""
 POOL_SIZE: Final = 100
+"""Connections open at once, per component."""
+READ_BYTES: Final = 64 << 10
+RETIRED_KEEPALIVE_ENV: Final = "COORDINATOR_PRODUCT_KEEPALIVE_SECONDS"
+"""No longer read: connections are never kept (see the module docstring). A component
+refuses to start while it is set, so nobody believes it still has an effect."""
 
 # Causes (CONTRACT §8.4) for an exchange whose request may have reached the product.
 TIMEOUT_AFTER_SEND: Final = "timeout-after-send"
@@ -63,14 +66,15 @@ ANSWER_TOO_LARGE: Final = "answer-too-large"
 # And for one that certainly sent nothing.
 NEVER_CONNECTED: Final = "never-connected"
 """The connection was never established: nothing left."""
+TLS_REFUSED: Final = "tls-refused"
+"""The TLS handshake failed (an untrusted, expired or misnamed certificate): nothing left,
+but an operator must see it (CONTRACT §9.3, "Untrusted endpoints are visible")."""
 UNSENDABLE: Final = "unsendable"
 """The request was refused here before anything was written (a header with a line break,
-a URL aiohttp cannot send to)."""
+a URL that cannot be sent to)."""
 
 _UNSAFE_HEADER: Final = re.compile(r"[\r\n\x00]")
-_CONTENT_LENGTH: Final = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*(\d{1,19})[ \t]*\r\n", re.I)
-_CHUNKED: Final = re.compile(rb"\r\ntransfer-encoding[ \t]*:[^\r\n]*chunked", re.I)
-_HEAD_END: Final = b"\r\n\r\n"
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 class ExchangeFailure(Exception):
@@ -112,147 +116,94 @@ class Exchanger(Protocol):
         ...
 
 
-# --------------------------------------------------------------------- clean reuse
+def refuse_retired_settings(environ: Mapping[str, str]) -> None:
+    """Refuse :data:`RETIRED_KEEPALIVE_ENV` if it is set, naming it."""
+    if RETIRED_KEEPALIVE_ENV in environ:
+        raise ConfigInvalid(
+            RETIRED_KEEPALIVE_ENV,
+            "is no longer read: every product and issuer exchange uses a connection of its "
+            "own; unset it",
+        )
 
 
-class _GuardedHandler(ResponseHandler):
-    """aiohttp's connection protocol, counting what arrives so a connection is pooled only
-    when its answer ended exactly where its framing said and nothing came after."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._received = 0
-        self._head = b""
-        self._head_end = -1
-        self._last = b""
-        self._released_at: int | None = None
-
-    def set_response_params(self, *args: Any, **kwargs: Any) -> None:
-        # A new exchange on this connection begins.
-        self._received = 0
-        self._head = b""
-        self._head_end = -1
-        self._last = b""
-        self._released_at = None
-        super().set_response_params(*args, **kwargs)
-
-    def data_received(self, data: bytes) -> None:
-        if self._head_end < 0 and len(self._head) <= MAX_HEADER_BYTES:
-            start = max(0, len(self._head) - 3)
-            self._head += data
-            found = self._head.find(_HEAD_END, start)
-            if found >= 0:
-                self._head_end = found + len(_HEAD_END)
-        self._received += len(data)
-        self._last = (self._last + data)[-5:]
-        super().data_received(data)
-
-    def _ended_cleanly(self) -> bool:
-        """Whether the bytes received are exactly one answer, by its own framing."""
-        if self._head_end < 0:
-            return False
-        head = self._head[: self._head_end]
-        if head.startswith(b"HTTP/1.1 1"):
-            return False  # interim answers: not worth reasoning about, use a new connection
-        length = _CONTENT_LENGTH.search(head)
-        if length is not None:
-            return self._received == self._head_end + int(length.group(1))
-        if _CHUNKED.search(head):
-            # (Trailers end otherwise: such a connection is simply not reused.)
-            return self._last == b"0\r\n\r\n"
-        return False  # framed by the end of the connection
-
-    @property
-    def should_close(self) -> bool:
-        # aiohttp asks this when the answer is done, to pool the connection or close it.
-        unclean = not self._ended_cleanly()
-        self._released_at = self._received
-        return bool(super().should_close) or unclean
-
-    def is_connected(self) -> bool:
-        # aiohttp asks this before it uses a pooled connection again.
-        if self._released_at is not None and self._received != self._released_at:
-            return False  # something arrived while it was idle
-        if not super().is_connected():
-            return False
-        return not _readable(self.transport)
+@dataclass(frozen=True)
+class _Target:
+    host: str
+    port: int
+    https: bool
+    request: bytes
+    """The whole request, framed: ready to write once connected."""
+    framer: h11.Connection
+    """The request's framer, which now expects its answer."""
 
 
-def keepalive_seconds(environ: Mapping[str, str]) -> float:
-    """The idle keep-alive of outbound connections, from :data:`KEEPALIVE_ENV` if set."""
-    value = environ.get(KEEPALIVE_ENV)
-    if value is None:
-        return KEEPALIVE_SECONDS
+def _target(method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> _Target:
+    """Parse ``url`` and frame the request, or refuse it as unsendable before anything is
+    opened."""
+    for name, value in headers.items():
+        if _UNSAFE_HEADER.search(name) or _UNSAFE_HEADER.search(value):
+            raise ExchangeFailure(UNSENDABLE, sent=False)
     try:
-        seconds = float(value)
+        parts = urlsplit(url)
+        port = parts.port
     except ValueError:
-        seconds = -1.0
-    if not 0.0 <= seconds <= 60.0:
-        raise ConfigInvalid(KEEPALIVE_ENV, "must be a number of seconds from 0 to 60")
-    return seconds
-
-
-def _readable(transport: asyncio.BaseTransport | None) -> bool:
-    """Whether the socket has something to read (an end of stream, stray bytes)."""
-    sock = None if transport is None else transport.get_extra_info("socket")
-    if sock is None:
-        return True
+        raise ExchangeFailure(UNSENDABLE, sent=False) from None
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    if scheme not in _DEFAULT_PORTS or not host or parts.username is not None:
+        raise ExchangeFailure(UNSENDABLE, sent=False)
+    authority = f"[{host}]" if ":" in host else host
+    if port is not None:
+        authority += f":{port}"
+    path = parts.path or "/"
+    target = f"{path}?{parts.query}" if parts.query else path
+    # A caller's own Host stands (a test's loopback front routes by it).
+    given_host = any(name.lower() == "host" for name in headers)
+    sending = [
+        *([] if given_host else [("Host", authority)]),
+        *headers.items(),
+        ("Accept-Encoding", "gzip, deflate"),
+        ("Connection", "close"),
+    ]
+    if body is not None:
+        sending.append(("Content-Length", str(len(body))))
+    framer = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
     try:
-        poller = select.poll()  # (select() cannot take descriptors past 1023)
-        poller.register(sock.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):
-        return True
+        request = framer.send(h11.Request(method=method, target=target, headers=sending))
+        if body:
+            request += framer.send(h11.Data(data=body))
+        request += framer.send(h11.EndOfMessage())
+    except (h11.LocalProtocolError, UnicodeError):
+        raise ExchangeFailure(UNSENDABLE, sent=False) from None
+    return _Target(host, port or _DEFAULT_PORTS[scheme], scheme == "https", request, framer)
 
 
 # ------------------------------------------------------------------------ the client
 
 
 class ProductHttp:
-    """One pool of outbound connections, shared by a component's calls."""
+    """Outbound exchanges of one component: each on a connection of its own, at most
+    ``pool_size`` open at once."""
 
-    def __init__(
-        self,
-        *,
-        keepalive_seconds: float = KEEPALIVE_SECONDS,
-        max_body_bytes: int = MAX_BODY_BYTES,
-        pool_size: int = POOL_SIZE,
-    ) -> None:
-        self._keepalive = keepalive_seconds
+    def __init__(self, *, max_body_bytes: int = MAX_BODY_BYTES, pool_size: int = POOL_SIZE) -> None:
         self._max_body = max_body_bytes
-        self._pool_size = pool_size
-        self._session: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(pool_size)
+        self._system_roots: ssl.SSLContext | None = None
+        self._open: set[asyncio.StreamWriter] = set()
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = (
-                aiohttp.TCPConnector(
-                    limit=self._pool_size, keepalive_timeout=self._keepalive, ttl_dns_cache=10
-                )
-                if self._keepalive > 0
-                else aiohttp.TCPConnector(limit=self._pool_size, force_close=True, ttl_dns_cache=10)
-            )
-            # aiohttp's connection protocol, watched (see _GuardedHandler).
-            connector._factory = functools.partial(  # type: ignore[assignment]
-                _GuardedHandler, loop=asyncio.get_running_loop()
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                trust_env=False,
-                auto_decompress=False,
-                max_line_size=MAX_HEADER_BYTES,
-                max_field_size=MAX_HEADER_BYTES,
-                max_headers=MAX_HEADERS,
-                skip_auto_headers=("User-Agent",),
-                timeout=aiohttp.ClientTimeout(total=None),
-            )
-        return self._session
+    def _default_tls(self) -> ssl.SSLContext:
+        # Loading the system roots costs milliseconds: once per client, not per call.
+        if self._system_roots is None:
+            from core.products.tls import product_ssl_context
+
+            self._system_roots = product_ssl_context(None)
+        return self._system_roots
 
     async def close(self) -> None:
-        """Close every pooled connection."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the connections of exchanges still running."""
+        for writer in list(self._open):
+            writer.transport.abort()
+        self._open.clear()
 
     async def exchange(
         self,
@@ -268,64 +219,136 @@ class ProductHttp:
 
         Raises :class:`ExchangeFailure` for anything short of a complete, readable answer.
         """
-        for name, value in headers.items():
-            if _UNSAFE_HEADER.search(name) or _UNSAFE_HEADER.search(value):
-                raise ExchangeFailure(UNSENDABLE, sent=False)
-        session = self._open()
-        connect = min(CONNECT_SECONDS, timeout / 2)
-        sending = {**headers, "Accept-Encoding": "gzip, deflate"}
+        target = _target(method, url, headers, body)
+        context = (tls or self._default_tls()) if target.https else None
         try:
             async with asyncio.timeout(timeout):
-                async with session.request(
-                    method,
-                    url,
-                    data=body,
-                    headers=sending,
-                    allow_redirects=False,
-                    ssl=tls if tls is not None else True,
-                    timeout=aiohttp.ClientTimeout(total=None, connect=connect),
-                ) as response:
-                    return await self._answer(response)
+                async with self._slots:
+                    reader, writer = await self._connect(target, context, timeout)
+                    self._open.add(writer)
+                    try:
+                        # Written without waiting for the product to read it: an answer
+                        # that comes before the body is taken all the same.
+                        writer.write(target.request)
+                        return await self._answer(reader, target.framer)
+                    finally:
+                        self._open.discard(writer)
+                        writer.transport.abort()
         except ExchangeFailure:
             raise
-        except TimeoutError as exc:
-            if isinstance(exc, client_exceptions.ConnectionTimeoutError):
-                raise ExchangeFailure(NEVER_CONNECTED, sent=False) from None
+        except TimeoutError:
             raise ExchangeFailure(TIMEOUT_AFTER_SEND, sent=True) from None
-        except Exception as exc:
-            raise _failure(exc) from None
+        except Exception:
+            # A reset, a broken pipe, a TLS alert after the handshake: written, maybe read.
+            raise ExchangeFailure(CONNECTION_LOST, sent=True) from None
 
-    async def _answer(self, response: aiohttp.ClientResponse) -> Answer:
-        if response.status == 101 or 100 <= response.status < 200:
-            # An upgrade (or an interim answer as the last word): not an HTTP answer at all.
-            response.close()
-            raise ExchangeFailure(FRAMING_VIOLATION, sent=True)
-        size = sum(len(name) + len(value) + 4 for name, value in response.raw_headers)
-        if size > MAX_HEADER_BYTES:
-            response.close()
-            raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
-        if response.content_length is not None and response.content_length > self._max_body:
-            response.close()
-            raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
-        decoder = _decoder(response.headers.get("Content-Encoding", ""))
-        if decoder is _UNKNOWN:
-            response.close()
-            raise ExchangeFailure(UNREADABLE_ANSWER, sent=True)
-        raw = 0
+    async def _connect(
+        self, target: _Target, context: ssl.SSLContext | None, timeout: float
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            async with asyncio.timeout(min(CONNECT_SECONDS, timeout / 2)):
+                return await asyncio.open_connection(
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context is not None else None,
+                    limit=READ_BYTES,
+                )
+        except ssl.SSLError:
+            # (Before OSError: ssl.SSLError is one.) The handshake failed; nothing was sent.
+            raise ExchangeFailure(TLS_REFUSED, sent=False) from None
+        except (OSError, TimeoutError, UnicodeError):
+            raise ExchangeFailure(NEVER_CONNECTED, sent=False) from None
+
+    async def _answer(self, reader: asyncio.StreamReader, framer: h11.Connection) -> Answer:
+        status = 0
+        opening = b""
+        decoder: Any = None
         parts: list[bytes] = []
-        kept = 0
-        async for chunk in response.content.iter_any():
-            raw += len(chunk)
-            if raw > self._max_body:
-                response.close()
-                raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
-            decoded = chunk if decoder is None else _inflate(decoder, chunk, self._max_body - kept)
-            kept += len(decoded)
-            parts.append(decoded)
-        if decoder is not None and not decoder.eof:
-            response.close()
+        raw = kept = 0
+        ended = False
+        while True:
+            try:
+                event = framer.next_event()
+            except h11.RemoteProtocolError as exc:
+                cause = _protocol_cause(exc, status=status, ended=ended, opening=opening)
+                raise ExchangeFailure(cause, sent=True) from None
+            if event is h11.NEED_DATA:
+                data = await reader.read(READ_BYTES)
+                ended = not data
+                if len(opening) < len(_HTTP):
+                    opening += data[: len(_HTTP)]
+                framer.receive_data(data)
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                continue  # 100 Continue and the like; a 101 is refused by h11 itself
+            if isinstance(event, h11.Response):
+                status = event.status_code
+                decoder = self._head(event)
+            elif isinstance(event, h11.Data):
+                raw += len(event.data)
+                if raw > self._max_body:
+                    raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
+                chunk = bytes(event.data)
+                if decoder is not None:
+                    chunk = _inflate(decoder, chunk, self._max_body - kept)
+                kept += len(chunk)
+                parts.append(chunk)
+            elif isinstance(event, h11.EndOfMessage):
+                if decoder is not None and (not decoder.eof or decoder.unused_data):
+                    # Cut short, or more after the compressed stream's end (junk, a second
+                    # gzip member): not the body the product meant, whatever it holds.
+                    raise ExchangeFailure(UNREADABLE_ANSWER, sent=True)
+                return Answer(status, b"".join(parts))
+            else:  # ConnectionClosed before the answer ended
+                raise ExchangeFailure(CONNECTION_LOST, sent=True)
+
+    def _head(self, response: h11.Response) -> Any:
+        """Check an answer's head; the body's decoder (None for identity)."""
+        if len(response.headers) > MAX_HEADERS:
+            raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
+        size = len(response.reason) + 15
+        lengths: list[bytes] = []
+        chunked = False
+        encoding = b""
+        for name, value in response.headers:
+            size += len(name) + len(value) + 4
+            if name == b"content-length":
+                lengths.append(value)
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"content-encoding":
+                encoding = value
+        if size > MAX_HEADER_BYTES:
+            raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
+        if lengths and chunked:
+            # A length beside chunked: whichever this client believed, something on the
+            # path may have believed the other (request smuggling's shape). (Repeated equal
+            # lengths reach here as one, as RFC 9110 §8.6 allows; unequal ones h11 refuses.)
+            raise ExchangeFailure(FRAMING_VIOLATION, sent=True)
+        if lengths and int(lengths[0]) > self._max_body:
+            raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
+        decoder = _decoder(encoding.decode("latin-1"))
+        if decoder is _UNKNOWN:
             raise ExchangeFailure(UNREADABLE_ANSWER, sent=True)
-        return Answer(response.status, b"".join(parts))
+        return decoder
+
+
+_HTTP: Final = b"HTTP/"
+
+
+def _protocol_cause(
+    exc: h11.RemoteProtocolError, *, status: int, ended: bool, opening: bytes
+) -> str:
+    """What h11's refusal means: the head too long to be an answer we keep, the
+    connection ending inside the answer, no HTTP at all, or broken framing."""
+    if exc.error_status_hint == 431:
+        return ANSWER_TOO_LARGE  # the head outgrew MAX_HEADER_BYTES before it ended
+    if ended:
+        return CONNECTION_LOST
+    if status == 0 and not opening.startswith(_HTTP[: len(opening)]):
+        return UNREADABLE_ANSWER  # not an HTTP answer at all
+    return FRAMING_VIOLATION
 
 
 _UNKNOWN: Final[Any] = object()
@@ -352,54 +375,3 @@ def _inflate(decoder: Any, chunk: bytes, room: int) -> bytes:
     if len(decoded) > room or decoder.unconsumed_tail:
         raise ExchangeFailure(ANSWER_TOO_LARGE, sent=True)
     return decoded
-
-
-def _failure(exc: BaseException) -> ExchangeFailure:
-    """What aiohttp (or the socket) reported, as a cause; see CAUSES_TABLE."""
-    for kind, cause, sent in FAILURES:
-        if isinstance(exc, kind):
-            if kind is client_exceptions.ClientResponseError:
-                return ExchangeFailure(_parser_cause(exc), sent=True)
-            return ExchangeFailure(cause, sent=sent)
-    return ExchangeFailure(CONNECTION_LOST, sent=True)
-
-
-def _parser_cause(exc: BaseException) -> str:
-    """aiohttp reports its parser's refusals as a response error with status 400; the
-    parser's own exception is further down the chain."""
-    seen = exc.__cause__
-    while seen is not None:
-        if isinstance(seen, http_exceptions.LineTooLong):
-            return ANSWER_TOO_LARGE
-        if isinstance(seen, http_exceptions.BadStatusLine):
-            return UNREADABLE_ANSWER
-        if isinstance(seen, http_exceptions.BadHttpMessage) and "too many headers" in (
-            str(seen.message).lower()
-        ):
-            # More header lines than MAX_HEADERS: aiohttp has no class of its own for it.
-            return ANSWER_TOO_LARGE
-        if isinstance(seen, http_exceptions.HttpProcessingError) and type(seen) is not (
-            http_exceptions.HttpProcessingError
-        ):
-            return FRAMING_VIOLATION
-        seen = seen.__cause__
-    return FRAMING_VIOLATION
-
-
-FAILURES: Final[tuple[tuple[type[BaseException], str, bool], ...]] = (
-    # Nothing left: the connection never existed (refused, DNS, TLS handshake, connect
-    # timeout, no pooled connection in time) or aiohttp refused the URL itself.
-    (client_exceptions.ClientConnectorError, NEVER_CONNECTED, False),
-    (client_exceptions.ConnectionTimeoutError, NEVER_CONNECTED, False),
-    (client_exceptions.InvalidURL, UNSENDABLE, False),
-    (client_exceptions.NonHttpUrlClientError, UNSENDABLE, False),
-    # The request was (or may have been) written.
-    (client_exceptions.ClientPayloadError, CONNECTION_LOST, True),
-    (client_exceptions.ServerDisconnectedError, CONNECTION_LOST, True),
-    (client_exceptions.ClientResponseError, FRAMING_VIOLATION, True),
-    (client_exceptions.ClientOSError, CONNECTION_LOST, True),
-    (ConnectionError, CONNECTION_LOST, True),
-    (OSError, CONNECTION_LOST, True),
-)
-"""Which failure is which, first match wins. The order matters: aiohttp's connector errors
-derive from its OS error class, and only they prove nothing was written."""

@@ -10,7 +10,11 @@ its answer is sorted into one of four kinds:
   the key and can say so within its receipt window. A bare 404 (a proxy, a wrong route) is
   no such proof and counts as ``unavailable``.
 - ``expired``: 410 — the receipt is older than the window. That proves nothing either way.
-- ``unavailable``: anything else, including no answer at all and no token.
+- ``unavailable``: anything else, including no answer at all and no token. Its reason names
+  why in a word: a product or issuer that failed TLS verification reads ``tls-refused``, so
+  what reconcile logs tells an untrusted endpoint from one that is merely away. Nothing
+  else changes for it: the step being reconciled keeps its own cause (why its effect is
+  unknown), and its run is held with attention already.
 
 A 401 first gets one more read with a fresh token, as a command does: the product may only
 have judged a stale token. Nothing here logs or raises with a token, a body or a value;
@@ -120,11 +124,15 @@ async def _get(
     return classify_receipt(answer.status, answer.body)
 
 
-async def _token(tokens: TokenSource, connection: str) -> str | None:
+async def _token(tokens: TokenSource, connection: str, failed: str) -> str | Receipt:
+    """The connection's access token, or the unavailable receipt saying ``failed`` and, when
+    the issuer could not be reached, why (``tls-refused``, ``never-connected``...)."""
     try:
         return await tokens.token(connection)
-    except (TokenUnavailable, CoordinatorError):
-        return None
+    except TokenUnavailable as exc:
+        return Receipt(UNAVAILABLE, failed if exc.cause is None else f"{failed} ({exc.cause})")
+    except CoordinatorError:
+        return Receipt(UNAVAILABLE, failed)
 
 
 async def read_receipt(
@@ -137,15 +145,15 @@ async def read_receipt(
     tls: ssl.SSLContext | None = None,
 ) -> Receipt:
     """Read the receipt at ``url`` as ``connection``'s client; never raises for the answer."""
-    token = await _token(tokens, connection)
-    if token is None:
-        return Receipt(UNAVAILABLE, "no access token for the connection")
+    token = await _token(tokens, connection, "no access token for the connection")
+    if isinstance(token, Receipt):
+        return token
     receipt = await _get(http, url, token, timeout, tls)
     if receipt.status == 401:
         tokens.invalidate(connection)
-        fresh = await _token(tokens, connection)
-        if fresh is None:
-            return Receipt(UNAVAILABLE, "401, and no fresh access token")
+        fresh = await _token(tokens, connection, "401, and no fresh access token")
+        if isinstance(fresh, Receipt):
+            return fresh
         receipt = await _get(http, url, fresh, timeout, tls)
     return receipt
 

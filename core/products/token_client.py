@@ -11,7 +11,11 @@ A definite refusal by the issuer (``invalid_client``, ``invalid_scope``, ``inval
 and a token granting fewer scopes than the connection asked for are both
 :class:`TokenUnavailable` with ``retryable`` False and an ``error`` code: the caller sends
 nothing with such a token, and makes the refusal visible (CONTRACT §8.4 ``token-refused``).
-The client assertion's ``aud`` is the token endpoint URL, or the issuer identifier when
+An issuer that cannot be reached is :class:`TokenUnavailable` with ``retryable`` True and the
+exchange's ``cause``; one whose TLS certificate fails verification has the cause
+``tls-refused``, which the caller also makes visible (CONTRACT §9.3, "Untrusted endpoints
+are visible"), since it will not mend by itself. The client assertion's ``aud`` is the
+token endpoint URL, or the issuer identifier when
 ``deployment.authentication.clientAssertionAudience`` is ``issuer``.
 
 Nothing here logs or raises with a token, an assertion or a key in the message: errors name
@@ -73,12 +77,22 @@ class TokenUnavailable(Exception):
     configuration problem). The message never holds a token or key.
     """
 
-    def __init__(self, message: str, *, retryable: bool, error: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        error: str | None = None,
+        cause: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.error = error
         """The issuer's OAuth error code, :data:`SCOPE_NARROWED` or :data:`UNRECOGNISED`, when
         the issuer definitely refused; never a token or a value."""
+        self.cause = cause
+        """Why the issuer could not be reached, when it could not (the exchange's cause:
+        ``never-connected``, ``tls-refused``, ...); None when it answered."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +135,9 @@ class IssuerDiscovery:
             )
         except ExchangeFailure as exc:
             raise TokenUnavailable(
-                f"issuer {self.issuer}: discovery unreachable ({exc.cause})", retryable=True
+                f"issuer {self.issuer}: discovery unreachable ({exc.cause})",
+                retryable=True,
+                cause=exc.cause,
             ) from None
         if answer.status != 200:
             raise TokenUnavailable(
@@ -241,7 +257,9 @@ class TokenClient:
             )
         except ExchangeFailure as exc:
             raise TokenUnavailable(
-                f"{who}: token endpoint unreachable ({exc.cause})", retryable=True
+                f"{who}: token endpoint unreachable ({exc.cause})",
+                retryable=True,
+                cause=exc.cause,
             ) from None
         if answer.status != 200:
             retryable = answer.status == 429 or answer.status >= 500

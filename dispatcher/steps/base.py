@@ -14,6 +14,7 @@ from core.products.http import Exchanger
 from core.products.token_client import UNRECOGNISED, TokenUnavailable
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
+from core.states import SentNothing
 from dispatcher.crash_points import CrashPoints
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settings import DispatchSettings
@@ -60,24 +61,32 @@ class StepEnv:
 
 
 @dataclass(frozen=True)
-class TokenRefused:
-    """The issuer definitely refused the connection's token request (or granted narrower
-    scopes): nothing may be sent until that changes."""
+class TokenWithheld:
+    """No token until someone mends what stands in the way, so nothing may be sent: the
+    issuer definitely refused the connection's token request (or granted narrower scopes),
+    or its TLS certificate failed verification."""
 
-    error: str
-    """The issuer's OAuth error code, or ``scope-narrowed``; never a value."""
+    cause: SentNothing
+    """What the step shows: ``token-refused`` or ``tls-refused``."""
+    error: str | None = None
+    """With ``token-refused``: the issuer's OAuth error code, or ``scope-narrowed``; never a
+    value."""
 
 
-async def call_token(env: StepEnv, connection: str) -> str | TokenRefused | None:
-    """The connection's access token for a command; :class:`TokenRefused` when the issuer
-    refused it, ``None`` when the issuer could not be asked (try again later)."""
+async def call_token(env: StepEnv, connection: str) -> str | TokenWithheld | None:
+    """The connection's access token for a command; :class:`TokenWithheld` when the issuer
+    refused it or failed TLS verification, ``None`` when the issuer could not be asked for
+    another reason (try again later)."""
     try:
         return await env.tokens.token(connection)
     except TokenUnavailable as exc:
         log.warning("no access token for connection %s: %s", connection, exc)
+        if exc.cause == SentNothing.TLS_REFUSED:
+            # Retryable, but a certificate does not mend by itself: an operator must see it.
+            return TokenWithheld(SentNothing.TLS_REFUSED)
         if exc.retryable:
             return None
-        return TokenRefused(exc.error or UNRECOGNISED)
+        return TokenWithheld(SentNothing.TOKEN_REFUSED, exc.error or UNRECOGNISED)
     except CoordinatorError as exc:
         log.warning("no access token for connection %s: %s", connection, exc)
         return None

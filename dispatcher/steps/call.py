@@ -10,16 +10,21 @@ The order is the whole point:
 2. Obtain the connection's access token (a failure here sends nothing; try again later).
    A definite refusal by the issuer, or a grant narrower than the connection's scopes, is
    made visible: the step shows ``token-refused``, its run ``attention``, doctor the
-   connection, until a token comes or the step's deadline passes.
+   connection, until a token comes or the step's deadline passes. So is an issuer whose TLS
+   certificate fails verification: the step shows ``tls-refused`` and its run
+   ``attention``.
 3. Commit the sealed command and its command key as *prepared* — before a byte leaves.
 4. Send it, outside any transaction, with ``Idempotency-Key: <command key>``.
 5. Classify the answer (:mod:`dispatcher.classify`, over what :mod:`core.products.http`
    reports) and commit the outcome together with the next step:
    accepted → keep the response and the mapped output, continue (a mapping that fails is
    ``mapping-invalid``, the effect staying accepted); definitely not processed → the same
-   command and key again after a growing delay, until the deadline; refused → ``onRefused``
-   or the run fails ``refused`` (a 401 first gets one resend with a fresh token); anything
-   else → uncertain: effect unknown, the run held for an operator, never resent here.
+   command and key again after a growing delay, until the deadline (a product that failed
+   TLS verification also shows ``tls-refused`` and its run ``attention`` meanwhile: nothing
+   left, and nothing will until someone mends the certificate or the trust); refused →
+   ``onRefused`` or the run fails ``refused`` (a 401 first gets one resend with a fresh
+   token); anything else → uncertain: effect unknown, the run held for an operator, never
+   resent here.
 
 A retry finds the command already stored and sends exactly those bytes' worth of meaning
 again under the same key; it never maps anew. So does an operator's retry-same, which makes
@@ -46,7 +51,8 @@ from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
-from core.states import Effect, StepState
+from core.products.token_client import UNRECOGNISED
+from core.states import Effect, SentNothing, StepState
 from core.workflow.catalogue import Operation
 from core.workflow.expr import Scope
 from core.workflow.mapping import map_command, map_output
@@ -78,7 +84,7 @@ from dispatcher.steps.base import (
     SETTLING,
     Flight,
     StepEnv,
-    TokenRefused,
+    TokenWithheld,
     access_token,
     call_token,
 )
@@ -266,8 +272,8 @@ async def execute(
 
     # Without a token nothing is sent: the step stays ready and is tried again.
     token = await call_token(env, step.connection)
-    if isinstance(token, TokenRefused):
-        await _token_refused(env, claimed, step, connection_type, token)
+    if isinstance(token, TokenWithheld):
+        await _withheld(env, claimed, step, connection_type, token)
         return
     if token is not None and step.connection not in env.tokens.confirmed:
         # The issuer gives this connection tokens (again): no refusal to show any more.
@@ -315,20 +321,25 @@ async def execute(
     await _record(env, claimed, run, step, op, result, prepared.attempts)
 
 
-async def _token_refused(
-    env: StepEnv, claimed: Claimed, step: CallStep, connection_type: str, refused: TokenRefused
+async def _withheld(
+    env: StepEnv, claimed: Claimed, step: CallStep, connection_type: str, withheld: TokenWithheld
 ) -> None:
-    """The issuer refused the token: send nothing, make it visible, try again later.
+    """No token, for a reason only an operator can mend: send nothing, make it visible, try
+    again later.
 
     The step keeps its place (ready, due after the error delay) until its deadline, then
     fails ``deadline-exceeded`` like any call that could not be sent; meanwhile the run shows
-    ``attention`` and the step the cause ``token-refused``, and doctor names the connection.
+    ``attention`` and the step the cause (``token-refused``, ``tls-refused``). A refusal by
+    the issuer is also counted and shown by doctor with its OAuth error code; a failed TLS
+    verification is not the issuer's verdict on the client, and has no code to show there.
     """
-    env.metrics.record_token_refusal(connection_type)
-    env.tokens.confirmed.discard(step.connection)
-    await env.settler.record_token_refusal(step.connection, refused.error)
-    await env.settler.token_refused(
+    if withheld.cause == SentNothing.TOKEN_REFUSED:
+        env.metrics.record_token_refusal(connection_type)
+        env.tokens.confirmed.discard(step.connection)
+        await env.settler.record_token_refusal(step.connection, withheld.error or UNRECOGNISED)
+    await env.settler.sent_nothing(
         claimed,
+        withheld.cause,
         delay=env.settings.error_retry_seconds,
         deadline_seconds=step.deadline_seconds,
     )
@@ -349,6 +360,9 @@ async def _record(
         log.warning(
             "call %s of run %s is uncertain: %s (%s)", step.id, run.id, result.cause, result.reason
         )
+    elif result.cause is not None:
+        # Retryable, but only an operator can mend it (a certificate, a trusted root).
+        log.warning("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
     elif result.result != ACCEPTED:
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
     settlement = answered(run.workflow, run.scope, step, op, result)
@@ -364,7 +378,8 @@ async def _record(
             cap=env.settings.retry_cap_seconds,
             jitter=env.jitter,
         )
-        if not await tx.retry(delay):
+        cause = None if result.cause is None else SentNothing(result.cause)
+        if not await tx.retry(delay, cause):
             await tx.settle(Settlement.failing(Failure("deadline-exceeded")))
 
     async def uncertain(tx: Tx) -> None:

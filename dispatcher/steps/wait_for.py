@@ -33,6 +33,13 @@ mean:
   ``attention: true`` and a warning is logged, so an operator can fix the product's policy
   (the next answered read clears the mark) or cancel the run. Failing the run instead would
   throw away a review that may well be decided once the policy is repaired.
+- Casework or the issuer failed TLS verification (an untrusted, expired or misnamed
+  certificate) → nothing was sent, as with no answer, but no later read will tell until
+  someone mends the certificate or the trust, and a wait with a timeout would meanwhile run
+  out towards ``onTimeout`` unseen. So it is treated as a refusal: the run keeps waiting and
+  polling, marked ``attention: true`` with a warning, until a read is answered (CONTRACT
+  §9.3, "Untrusted endpoints are visible"). The step shows no cause: inspection's causes
+  belong to calls.
 
 A cancel ends an unleased wait itself. A wait it finds leased (a read on its way) ends
 cancelled when the dispatcher next records anything for it — before the read, or with the
@@ -54,14 +61,14 @@ from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
 from core.products.http import ExchangeFailure
-from core.states import StepState
+from core.states import SentNothing, StepState
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, Scope, render
 from core.workflow.model import WaitForStep, Workflow
 from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 from dispatcher.run_view import RunView
-from dispatcher.steps.base import Flight, StepEnv, access_token
+from dispatcher.steps.base import Flight, StepEnv, TokenWithheld, call_token
 from dispatcher.tx import Failure, Settlement, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
@@ -70,6 +77,9 @@ DECIDED: Final = "decided"
 PENDING: Final = "pending"
 FAILED: Final = "failed"
 REFUSED: Final = "refused"
+UNTRUSTED: Final = "untrusted"
+"""Casework or the issuer failed TLS verification: nothing was read, nothing will be until
+an operator acts."""
 
 SPREAD: Final = 0.2
 """Checks are planned ``interval × (1 ± SPREAD/2)`` ahead."""
@@ -81,7 +91,7 @@ class Read:
     """What one read of a result answered."""
 
     kind: str
-    """decided, pending, failed or refused."""
+    """decided, pending, failed, refused or untrusted."""
     reason: str
     """A short, value-free description for logs."""
     status: int | None = None
@@ -205,23 +215,37 @@ async def _get(env: StepEnv, connection: str, url: str, token: str) -> Read:
             timeout=env.calls.timeout(connection),
             tls=env.calls.tls(connection),
         )
-    except ExchangeFailure as failure:  # any failure to get an answer only postpones the read
+    except ExchangeFailure as failure:
+        if failure.cause == SentNothing.TLS_REFUSED:
+            return Read(UNTRUSTED, f"not sent ({failure.cause})")
+        # Any other failure to get an answer only postpones the read.
         return Read(FAILED, f"no answer ({failure.cause})")
     return interpret(answer.status, answer.body)
 
 
+async def _token(env: StepEnv, connection: str, failed: str) -> str | Read:
+    """The connection's access token, or the read it makes when there is none: untrusted
+    when the issuer failed TLS verification, else failed with the reason ``failed``."""
+    token = await call_token(env, connection)
+    if isinstance(token, str):
+        return token
+    if isinstance(token, TokenWithheld) and token.cause == SentNothing.TLS_REFUSED:
+        return Read(UNTRUSTED, f"{failed} (the issuer's tls-refused)")
+    return Read(FAILED, failed)
+
+
 async def read_result(env: StepEnv, connection: str, url: str) -> Read:
     """One read of a result (a second one after a 401, with a fresh token)."""
-    token = await access_token(env, connection)
-    if token is None:
-        return Read(FAILED, "no access token")
+    token = await _token(env, connection, "no access token")
+    if isinstance(token, Read):
+        return token
     read = await _get(env, connection, url, token)
     if read.status != 401:
         return read
     env.tokens.invalidate(connection)
-    fresh = await access_token(env, connection)
-    if fresh is None:
-        return Read(FAILED, "401, and no fresh token")
+    fresh = await _token(env, connection, "401, and no fresh token")
+    if isinstance(fresh, Read):
+        return fresh
     return await _get(env, connection, url, fresh)
 
 
@@ -278,6 +302,14 @@ async def execute(
             run.id,
             read.reason,
         )
+    elif read.kind == UNTRUSTED:
+        log.warning(
+            "wait %s of run %s: TLS verification failed (%s); "
+            "the run keeps waiting and needs attention",
+            step.id,
+            run.id,
+            read.reason,
+        )
     elif read.kind == FAILED:
         log.info("wait %s of run %s: the read failed (%s)", step.id, run.id, read.reason)
 
@@ -297,8 +329,8 @@ async def execute(
             await tx.settle(timed_out(run.workflow, step))
             return
         await tx.schedule_check()
-        if read.kind in (REFUSED, PENDING):
-            await tx.set_attention(read.kind == REFUSED)
+        if read.kind in (REFUSED, UNTRUSTED, PENDING):
+            await tx.set_attention(read.kind != PENDING)
 
     # A lost lease is logged by the settler.
     await env.settler.settle(claimed, record)

@@ -57,6 +57,7 @@ from devstack.products.messaging import MessagingStandIn
 from dispatcher.classify import (
     ACCEPTED,
     NOT_SENDABLE,
+    REFUSED,
     RETRYABLE,
     STATUS_5XX,
     UNCERTAIN,
@@ -386,43 +387,117 @@ def bounded_memory(limit: int = MEMORY_BOUND) -> Iterator[None]:
 # ------------------------------------------------- bytes after a complete answer (1–5)
 
 
+FRAMED_BY = {
+    "keep-alive": (),
+    "close": ("Content-Type: application/json", "Connection: close"),
+}
+"""How the first answer frames itself: by its length on a connection it keeps, or by its
+length with ``Connection: close`` (which some parsers read as "nothing may follow")."""
+
+
+def first_answer(status: int, document: dict[str, Any], framing: str) -> bytes:
+    if framing == "keep-alive":
+        return answer(status, document)
+    return message(status, json.dumps(document).encode(), headers=FRAMED_BY[framing])
+
+
+@pytest.mark.parametrize("framing", list(FRAMED_BY))
 async def test_a_409_after_the_201_is_dropped_with_its_connection(
-    serve: Serve, http: ProductHttp
+    serve: Serve, http: ProductHttp, framing: str
 ) -> None:
-    product = await serve(first_then_numbered(answer(201, {"n": 1}) + answer(409, {"n": 0})))
+    # CONTRACT §9.3: the first complete answer on a connection is the answer, however it
+    # is framed; both messages arrive in one write.
+    first = first_answer(201, {"n": 1}, framing) + answer(409, {"n": 0})
+    product = await serve(first_then_numbered(first))
     outcome = await call(http, product.url)
-    assert outcome.classified.result == ACCEPTED
+    assert outcome.verdict == (ACCEPTED, None)
     assert outcome.classified.response == {"n": 1}
     await own_answer_on_a_new_connection(http, product)
     assert (len(product.requests), product.connections) == (2, 2)
 
 
-async def test_a_201_smuggled_after_a_500_is_never_the_answer(
+async def test_a_late_201_on_the_previous_commands_connection_never_accepts_the_next(
     serve: Serve, http: ProductHttp
 ) -> None:
-    smuggled = message(500, b"oops") + answer(201, {"smuggled": 1})
+    """Issue 36, row 1. The product answers command A ``201`` and, later, writes a second,
+    unsolicited ``201`` on A's connection; its real answer to command B is ``409``. The late
+    ``201`` is written only once B has reached the product and before B's ``409``: if B went
+    out on A's connection, the late ``201`` is the first thing B could read."""
+    b_arrived = asyncio.Event()
+    late_written = asyncio.Event()
+
+    async def behaviour(conn: Conn) -> None:
+        request = await conn.request()
+        if request is None:
+            return
+        if request.number > 1:  # B, on a connection of its own
+            b_arrived.set()
+            await late_written.wait()
+            await conn.send(answer(409, {"code": "conflict"}))
+            return
+        await conn.send(answer(201, {"command": "A"}))
+        # Wait for B: on this very connection (reused), elsewhere, or this one's end.
+        here = asyncio.ensure_future(conn.request())
+        elsewhere = asyncio.ensure_future(b_arrived.wait())
+        await asyncio.wait({here, elsewhere}, return_when=asyncio.FIRST_COMPLETED)
+        elsewhere.cancel()
+        with contextlib.suppress(ConnectionError):
+            await conn.send(answer(201, {"command": "A", "late": True}))
+        late_written.set()
+        if not here.done():
+            here.cancel()
+        elif here.result() is not None:  # B came on A's connection
+            await conn.send(answer(409, {"code": "conflict"}))
+            await conn.until_closed()
+
+    product = await serve(behaviour)
+    a = await call(http, product.url)
+    assert a.verdict == (ACCEPTED, None)
+    assert a.classified.response == {"command": "A"}
+    b = await call(http, product.url)
+    assert b.classified.result != ACCEPTED, b
+    assert b.classified.result == REFUSED and b.classified.status == 409, b
+    assert product.request_connections == [1, 2]
+
+
+@pytest.mark.parametrize("framing", list(FRAMED_BY))
+async def test_every_exchange_has_a_connection_of_its_own_closed_after_it(
+    serve: Serve, http: ProductHttp, framing: str
+) -> None:
+    product = await serve(each_request(lambda r: first_answer(201, {"n": r.number}, framing)))
+    for number in (1, 2, 3):
+        outcome = await call(http, product.url)
+        assert outcome.classified.response == {"n": number}
+        # The client closed it as soon as it had the answer: the product read its end.
+        await product.wait_until(lambda n=number: product.closed == n)  # type: ignore[misc]
+    assert product.request_connections == [1, 2, 3]
+    assert all(b"\r\nconnection: close\r\n" in r.head.lower() for r in product.requests)
+
+
+@pytest.mark.parametrize("framing", list(FRAMED_BY))
+async def test_a_201_smuggled_after_a_500_is_never_the_answer(
+    serve: Serve, http: ProductHttp, framing: str
+) -> None:
+    oops = message(500, b"oops", headers=FRAMED_BY[framing])
+    smuggled = oops + answer(201, {"smuggled": 1})
     product = await serve(first_then_numbered(smuggled))
     outcome = await call(http, product.url)
-    assert outcome.classified.result == UNCERTAIN
-    assert outcome.classified.response is None
-    if outcome.answer is not None:
-        assert outcome.verdict == (UNCERTAIN, STATUS_5XX)
-        assert outcome.classified.cause_status == 500
-        assert b"smuggled" not in outcome.answer.body
-    else:
-        assert outcome.classified.cause == FRAMING_VIOLATION
+    assert outcome.verdict == (UNCERTAIN, STATUS_5XX)
+    assert outcome.classified.cause_status == 500
+    assert outcome.answer is not None and b"smuggled" not in outcome.answer.body
     await own_answer_on_a_new_connection(http, product)
     assert (len(product.requests), product.connections) == (2, 2)
 
 
+@pytest.mark.parametrize("framing", list(FRAMED_BY))
 async def test_a_401_after_the_201_is_neither_the_answer_nor_a_reason_to_resend(
-    serve: Serve, http: ProductHttp
+    serve: Serve, http: ProductHttp, framing: str
 ) -> None:
     # The call step resends once with a fresh token only on a 401 *classified* refused; the
     # 201 must be what is classified. (The loopback dispatcher test drives the same product
     # behaviour through the call step itself.)
     unauthorized = answer(401, {"code": "authentication.refused"})
-    product = await serve(first_then_numbered(answer(201, {"n": 1}) + unauthorized))
+    product = await serve(first_then_numbered(first_answer(201, {"n": 1}, framing) + unauthorized))
     outcome = await call(http, product.url)
     assert outcome.verdict == (ACCEPTED, None)
     assert outcome.classified.response == {"n": 1}
@@ -521,12 +596,6 @@ async def test_oversized_headers_are_too_large(
     assert outcome.failure is not None and outcome.failure.sent
     assert outcome.seconds < 3
     assert len(product.requests) == 1
-    if outcome.classified.cause == FRAMING_VIOLATION and shape is _header_lines:
-        pytest.xfail(
-            "transport bug: aiohttp stops at its 128-header limit with BadHttpMessage('Too "
-            "many headers received'), which core.products.http._parser_cause reports as "
-            "framing-violation rather than answer-too-large"
-        )
     assert outcome.classified.cause == ANSWER_TOO_LARGE
 
 
@@ -611,6 +680,34 @@ async def test_a_small_gzip_answer_is_decoded(serve: Serve, http: ProductHttp) -
     assert len(product.requests) == 1
 
 
+GZIP_TAILS = {
+    "junk": b"junk after the end",
+    "second-member": gzip.compress(b'{"n": "second"}'),
+}
+
+
+@pytest.mark.parametrize("tail", list(GZIP_TAILS))
+async def test_data_after_the_end_of_a_gzip_body_is_unreadable(
+    serve: Serve, http: ProductHttp, tail: str
+) -> None:
+    # Issue 36, row 5: the framing holds more than the compressed stream; which of the two
+    # the product meant cannot be known.
+    packed = gzip.compress(json.dumps({"n": 1}).encode()) + GZIP_TAILS[tail]
+    headers = ("Content-Type: application/json", "Content-Encoding: gzip")
+    product = await serve(first_then_numbered(message(201, packed, headers=headers)))
+    outcome = await call(http, product.url)
+    assert outcome.verdict == (UNCERTAIN, UNREADABLE_ANSWER)
+    assert len(product.requests) == 1
+
+
+async def test_a_gzip_body_cut_short_is_unreadable(serve: Serve, http: ProductHttp) -> None:
+    packed = gzip.compress(json.dumps({"n": 1, "pad": "x" * 200}).encode())[:-6]
+    headers = ("Content-Type: application/json", "Content-Encoding: gzip")
+    product = await serve(first_then_numbered(message(201, packed, headers=headers)))
+    outcome = await call(http, product.url)
+    assert outcome.verdict == (UNCERTAIN, UNREADABLE_ANSWER)
+
+
 # ----------------------------------------------------------- not HTTP answers (9, 12)
 
 
@@ -649,8 +746,7 @@ async def test_switching_protocols_is_a_framing_violation_and_nothing_crashes(
 
 FRAMINGS = {
     "two-different-lengths": b"Content-Length: 2\r\nContent-Length: 9\r\n\r\n{}",
-    "two-equal-lengths": b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
-    "length-list": b"Content-Length: 2, 2\r\n\r\n{}",
+    "length-list-disagreeing": b"Content-Length: 2, 9\r\n\r\n{}",
     "length-and-chunked": (
         b"Content-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
     ),
@@ -669,6 +765,23 @@ async def test_broken_framing_is_a_framing_violation(
     assert outcome.verdict == (UNCERTAIN, FRAMING_VIOLATION)
     assert len(product.requests) == 1
     await own_answer_on_a_new_connection(http, product)
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [b"Content-Length: 2\r\nContent-Length: 2\r\n", b"Content-Length: 2, 2\r\n"],
+    ids=["two-equal-lengths", "length-list"],
+)
+async def test_a_length_repeated_with_one_value_is_one_length(
+    serve: Serve, http: ProductHttp, lengths: bytes
+) -> None:
+    # RFC 9110 §8.6: the same value repeated names one body length; nothing conflicts.
+    head = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+    product = await serve(first_then_numbered(head + lengths + b"\r\n{}"))
+    outcome = await call(http, product.url)
+    assert outcome.verdict == (ACCEPTED, None)
+    assert outcome.classified.response == {}
+    assert len(product.requests) == 1
 
 
 # -------------------------------------------------------------- never sent (10, 17)

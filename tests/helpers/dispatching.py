@@ -283,8 +283,8 @@ async def dispatch_kit(
     """An applied deployment of ``workflows`` (:data:`WORKFLOWS` unless given) with issuer
     and Messaging stand-in; ``connections`` replaces the deployment's connections (each
     signing with ``secret:file/notices-client.jwk``). ``wire`` is how the dispatcher reaches
-    them: :data:`IN_PROCESS` (the router called directly) or :data:`LOOPBACK` (aiohttp over
-    real sockets to a server in front of the same router)."""
+    them: :data:`IN_PROCESS` (the router called directly) or :data:`LOOPBACK` (the real client
+    over real sockets to a server in front of the same router)."""
     deployment = TestDeployment.create(tmp_path, database, workflows=())
     write_packages(deployment, (WORKFLOWS if workflows is None else workflows).values())
     if connections is not None:

@@ -4,8 +4,8 @@
 pointed at one uvicorn server on a loopback port. Each request keeps its original ``Host``;
 the server rebuilds the URL from it and hands the request to the router, which records it
 and routes it by host as it does in-process. So a test module written against the router
-(faults, replaced products, recorded requests) runs unchanged with aiohttp's framing, pool
-and deadlines on the path. A host the router does not serve is sent to a port nothing
+(faults, replaced products, recorded requests) runs unchanged with the real client's framing,
+connections and deadlines on the path. A host the router does not serve is sent to a port nothing
 listens on: the connection is refused, as for a product that is down. A stand-in that
 drops the connection (or fails) aborts the real socket.
 """

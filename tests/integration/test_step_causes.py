@@ -1,12 +1,14 @@
-"""Why a call step's effect is unknown, and a call whose token the issuer refuses, on the
-real PostgreSQL server (CONTRACT §8.4, §8.6, §9.3, §10.5).
+"""Why a call step's effect is unknown, and why a call sent nothing (a token the issuer
+refuses, a TLS verification that fails), on the real PostgreSQL server (CONTRACT §8.4, §8.6,
+§9.3, §10.5).
 
 Each cause is written by the statement that makes the step uncertain (a settle, a lease
-found expired or given up, a restore-hold) and shown by inspection; a refused token makes
-the step wait with cause ``token-refused`` and the run ask for attention until a later
-prepare, and doctor lists the refused connections. The dispatcher's own writes are driven
-through its :class:`~dispatcher.settle.Settler`, so these tests do not depend on how the
-call executor decides them.
+found expired or given up, a restore-hold) and shown by inspection; a refused token or a
+failed TLS verification makes the step wait with cause ``token-refused`` or ``tls-refused``
+and the run ask for attention until the step prepares or ends (by its deadline or a
+cancel), and doctor lists the connections whose token was refused. The dispatcher's own
+writes are driven through its :class:`~dispatcher.settle.Settler`, so these tests do not
+depend on how the call executor decides them.
 """
 
 # Test SQL names the test's own namespace, made by unique_namespace(), never input.
@@ -21,11 +23,13 @@ from typing import Any
 import pytest
 
 from core.runtime import Store
+from core.states import SentNothing
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
 from dispatcher.tx import Tx
 from recovery import holds, reads
+from recovery.cancel import cancel as actions_cancel
 from recovery.env import RecoveryEnv
 from tests.helpers.dispatching import DispatchKit, dispatch_kit
 from tests.helpers.pinned_clock import T0
@@ -260,22 +264,45 @@ async def test_a_receipt_proving_the_command_never_arrived_clears_the_cause(
     )
 
 
-# ------------------------------------------------------------------------ token refused
+# ---------------------------------------------------- sent nothing: token-refused, tls-refused
+
+SENT_NOTHING = pytest.mark.parametrize("cause", list(SentNothing))
+"""Each cause of a call that sent nothing lives the same life (CONTRACT §8.4)."""
 
 
-async def test_a_refused_token_waits_with_attention_until_a_prepare_clears_it(
-    kit: DispatchKit, recovery_store: Store, fake_clock: Callable[[datetime], None]
+async def sent_nothing(
+    dispatcher: Dispatcher, claimed: Claimed, cause: SentNothing, *, delay: float
+) -> None:
+    await dispatcher.settler.sent_nothing(
+        claimed, cause, delay=delay, deadline_seconds=DEADLINE_SECONDS
+    )
+
+
+async def cancel(recovery_store: Store, kit: DispatchKit, run_id: str) -> str:
+    """Cancel the run as an operator does; answers the action's result."""
+    env = RecoveryEnv.from_store(recovery_store, kit.http, recovery_only=False)
+    answer = await actions_cancel(env, run_id, "INC-2027-0036")
+    result: str = answer["result"]
+    return result
+
+
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_waits_with_attention_until_a_prepare_clears_it(
+    kit: DispatchKit,
+    recovery_store: Store,
+    fake_clock: Callable[[datetime], None],
+    cause: SentNothing,
 ) -> None:
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-9"})
     claimed = await claim(dispatcher, run_id)
 
-    await dispatcher.settler.token_refused(claimed, delay=5.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=5.0)
 
     row = await kit.step(run_id, "send")
     assert (row["state"], row["cause"], row["effect"], row["lease_owner"]) == (
         "ready",
-        "token-refused",
+        cause,
         None,
         None,
     )
@@ -290,21 +317,21 @@ async def test_a_refused_token_waits_with_attention_until_a_prepare_clears_it(
     document = await reads.inspection(recovery_store, run_id)
     assert document["attention"] is True
     (step,) = document["steps"]
-    assert (step["state"], step["cause"]) == ("ready", "token-refused")
+    assert (step["state"], step["cause"]) == ("ready", cause)
     assert "effect" not in step and "causeStatus" not in step
     assert (await kit.stats())["received"] == {}
 
-    # A later refusal keeps the deadline the first one set.
+    # A later attempt that sends nothing keeps the deadline the first one set.
     fake_clock(T0 + timedelta(seconds=5))
     claimed = await claim(dispatcher, run_id)
-    await dispatcher.settler.token_refused(claimed, delay=5.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=5.0)
     row = await kit.step(run_id, "send")
     assert (row["first_attempt_at"], row["deadline_at"]) == (
         T0,
         T0 + timedelta(seconds=DEADLINE_SECONDS),
     )
 
-    # The issuer gives a token again: preparing the command clears the cause and attention.
+    # Mended: preparing the command clears the cause and attention.
     fake_clock(T0 + timedelta(seconds=10))
     claimed = await claim(dispatcher, run_id)
     assert not claimed.past_deadline
@@ -316,7 +343,7 @@ async def test_a_refused_token_waits_with_attention_until_a_prepare_clears_it(
         deadline_seconds=DEADLINE_SECONDS,
     )
     assert prepared is not None
-    # The run's first command is the first one prepared, refusals before it or not.
+    # The run's first command is the first one prepared, attempts before it or not.
     assert (prepared.attempts, prepared.first_of_run) == (1, True)
     row = await kit.step(run_id, "send")
     assert (row["state"], row["cause"]) == ("prepared", None)
@@ -326,7 +353,10 @@ async def test_a_refused_token_waits_with_attention_until_a_prepare_clears_it(
     assert "cause" not in await inspected_step(recovery_store, run_id)
 
 
-async def test_a_prepare_keeps_the_attention_another_step_needs(kit: DispatchKit) -> None:
+@SENT_NOTHING
+async def test_a_prepare_keeps_the_attention_another_step_needs(
+    kit: DispatchKit, cause: SentNothing
+) -> None:
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-10"})
     # An earlier call of the same run (an onCancel path runs beside it) is uncertain.
@@ -337,7 +367,7 @@ async def test_a_prepare_keeps_the_attention_another_step_needs(kit: DispatchKit
         run_id,
     )
     claimed = await claim(dispatcher, run_id)
-    await dispatcher.settler.token_refused(claimed, delay=0.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=0.0)
     assert (await kit.run(run_id))["attention"] is True
 
     claimed = await claim(dispatcher, run_id)
@@ -346,13 +376,16 @@ async def test_a_prepare_keeps_the_attention_another_step_needs(kit: DispatchKit
     assert (await kit.run(run_id))["attention"] is True
 
 
-async def test_both_prepares_clear_a_refused_token(kit: DispatchKit) -> None:
+@SENT_NOTHING
+async def test_both_prepares_clear_a_cause_of_sending_nothing(
+    kit: DispatchKit, cause: SentNothing
+) -> None:
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-11"})
 
     # A first attempt, storing the command.
     claimed = await claim(dispatcher, run_id)
-    await dispatcher.settler.token_refused(claimed, delay=0.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=0.0)
     claimed = await claim(dispatcher, run_id)
     assert await dispatcher.settler.prepare(
         claimed,
@@ -368,7 +401,7 @@ async def test_both_prepares_clear_a_refused_token(kit: DispatchKit) -> None:
     await dispatcher.settler.unprepare(claimed)
     claimed = await claim(dispatcher, run_id)
     assert claimed.command_payload_id is not None
-    await dispatcher.settler.token_refused(claimed, delay=0.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=0.0)
     assert (await kit.run(run_id))["attention"] is True
     claimed = await claim(dispatcher, run_id)
     prepared = await dispatcher.settler.prepare(
@@ -383,15 +416,20 @@ async def test_both_prepares_clear_a_refused_token(kit: DispatchKit) -> None:
     assert (await kit.run(run_id))["attention"] is False
 
 
-async def test_a_refused_token_past_its_deadline_fails_the_run(
-    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_past_its_deadline_fails_the_run_without_attention(
+    kit: DispatchKit,
+    recovery_store: Store,
+    fake_clock: Callable[[datetime], None],
+    cause: SentNothing,
 ) -> None:
     dispatcher = await kit.dispatcher()
     run_id = await kit.start("notice", {"applicantRef": "applicant-12"})
     claimed = await claim(dispatcher, run_id)
     # Due again no later than the deadline, however long the delay asked for.
-    await dispatcher.settler.token_refused(claimed, delay=600.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(dispatcher, claimed, cause, delay=600.0)
     assert (await kit.step(run_id, "send"))["due_at"] == T0 + timedelta(seconds=DEADLINE_SECONDS)
+    assert (await kit.run(run_id))["attention"] is True
 
     fake_clock(T0 + timedelta(seconds=DEADLINE_SECONDS))
     await dispatcher.drain()
@@ -402,21 +440,126 @@ async def test_a_refused_token_past_its_deadline_fails_the_run(
         "deadline-exceeded",
         "send",
     )
+    # It ended without being prepared: it leaves no attention behind (CONTRACT §8.4).
+    assert run["attention"] is False
+    assert (await reads.status(recovery_store, run_id))["attention"] is False
     row = await kit.step(run_id, "send")
     assert (row["state"], row["cause"]) == ("failed", None)
     assert (await kit.stats())["received"] == {}
 
 
-async def test_a_refused_token_of_a_lease_not_held_writes_nothing(kit: DispatchKit) -> None:
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_cancelled_unheld_leaves_no_cause_or_attention(
+    kit: DispatchKit, recovery_store: Store, cause: SentNothing
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-14"})
+    await sent_nothing(dispatcher, await claim(dispatcher, run_id), cause, delay=5.0)
+
+    # No dispatcher holds the step: the cancel itself ends it, and the run with it.
+    assert await cancel(recovery_store, kit, run_id) == "cancelled"
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["attention"]) == ("cancelled", False)
+    row = await kit.step(run_id, "send")
+    assert (row["state"], row["cause"]) == ("cancelled", None)
+    assert "cause" not in await inspected_step(recovery_store, run_id)
+
+
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_cancelled_while_held_leaves_no_attention(
+    kit: DispatchKit, recovery_store: Store, cause: SentNothing
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-15"})
+    await sent_nothing(dispatcher, await claim(dispatcher, run_id), cause, delay=0.0)
+    # A dispatcher holds the step again (asking the issuer, say) when the cancel comes: the
+    # cancel leaves the step to it, and the run waits for it, still asking for attention.
+    claimed = await claim(dispatcher, run_id)
+    assert await cancel(recovery_store, kit, run_id) == "cancelling"
+    assert (await kit.run(run_id))["attention"] is True
+
+    # The token comes: preparing finds the step abandoned, ends it and the run cancelled,
+    # sending nothing.
+    prepared = await dispatcher.settler.prepare(
+        claimed,
+        command=COMMAND,
+        command_payload_id=None,
+        command_key=kit.key(run_id),
+        deadline_seconds=DEADLINE_SECONDS,
+    )
+    assert prepared is None
+    run = await kit.run(run_id)
+    assert (run["state"], run["attention"]) == ("cancelled", False)
+    row = await kit.step(run_id, "send")
+    assert (row["state"], row["cause"], row["command_key"]) == ("cancelled", None, None)
+
+
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_again_after_a_cancel_ends_at_its_next_claim(
+    kit: DispatchKit, recovery_store: Store, cause: SentNothing
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-16"})
+    await sent_nothing(dispatcher, await claim(dispatcher, run_id), cause, delay=0.0)
+    claimed = await claim(dispatcher, run_id)
+    assert await cancel(recovery_store, kit, run_id) == "cancelling"
+
+    # The holder still gets no token: the step is ready again, and the claim after that
+    # ends it cancelled before anything is asked (the run is being cancelled).
+    await sent_nothing(dispatcher, claimed, cause, delay=0.0)
+    assert await dispatcher.run_once() == 1
+
+    run = await kit.run(run_id)
+    assert (run["state"], run["attention"]) == ("cancelled", False)
+    row = await kit.step(run_id, "send")
+    assert (row["state"], row["cause"]) == ("cancelled", None)
+    assert (await kit.stats())["received"] == {}
+
+
+@SENT_NOTHING
+async def test_a_step_that_sent_nothing_for_a_lease_not_held_writes_nothing(
+    kit: DispatchKit, cause: SentNothing
+) -> None:
     dispatcher = await kit.dispatcher()
     other = await kit.dispatcher(owner="other-replica")
     run_id = await kit.start("notice", {"applicantRef": "applicant-13"})
     claimed = await claim(dispatcher, run_id)
     before = dict(await kit.step(run_id, "send"))
 
-    await other.settler.token_refused(claimed, delay=0.0, deadline_seconds=DEADLINE_SECONDS)
+    await sent_nothing(other, claimed, cause, delay=0.0)
 
     assert dict(await kit.step(run_id, "send")) == before
+    assert (await kit.run(run_id))["attention"] is False
+
+
+async def test_only_a_cause_of_sending_nothing_is_recorded_for_a_step_that_sent_nothing(
+    kit: DispatchKit,
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-17"})
+    claimed = await claim(dispatcher, run_id)
+    with pytest.raises(ValueError, match="connection-lost"):
+        await dispatcher.settler.sent_nothing(
+            claimed,
+            "connection-lost",  # type: ignore[arg-type]
+            delay=0.0,
+            deadline_seconds=DEADLINE_SECONDS,
+        )
+    # Even past the settler, the transition itself writes nothing for another cause.
+    q = dispatcher.store.queries
+    async with dispatcher.store.connection() as conn:
+        due = await q.dispatcher_step_sent_nothing(
+            conn,
+            run_id=run_id,
+            step_id="send",
+            owner=dispatcher.settler.owner,
+            cause="connection-lost",
+            delay=0.0,
+            deadline_seconds=DEADLINE_SECONDS,
+        )
+    assert due is None
+    assert (await kit.step(run_id, "send"))["cause"] is None
     assert (await kit.run(run_id))["attention"] is False
 
 

@@ -12,6 +12,7 @@ from core.products.http import (
     FRAMING_VIOLATION,
     NEVER_CONNECTED,
     TIMEOUT_AFTER_SEND,
+    TLS_REFUSED,
     UNREADABLE_ANSWER,
     UNSENDABLE,
     ExchangeFailure,
@@ -94,6 +95,14 @@ def test_reasons_never_quote_the_body() -> None:
 def test_only_a_connection_that_never_existed_is_retryable() -> None:
     result = classify_failure(ExchangeFailure(NEVER_CONNECTED, sent=False))
     assert (result.result, result.cause) == (RETRYABLE, None)
+
+
+def test_a_failed_tls_verification_is_retryable_and_carries_its_cause() -> None:
+    # Nothing left, as with a connection never made; the cause is what makes it visible.
+    result = classify_failure(ExchangeFailure(TLS_REFUSED, sent=False))
+    assert (result.result, result.cause, result.cause_status) == (RETRYABLE, "tls-refused", None)
+    assert result.status is None
+    assert "tls-refused" in result.reason
 
 
 def test_a_request_refused_before_it_was_written_is_not_sendable_and_not_uncertain() -> None:

@@ -1,5 +1,5 @@
-"""The outbound client's settings and its reading of aiohttp's failures (no sockets here;
-``tests/fault/test_hostile_products.py`` drives the wire)."""
+"""The outbound client's settings, what it refuses before connecting, and TLS
+(``tests/fault/test_hostile_products.py`` drives the wire)."""
 
 from __future__ import annotations
 
@@ -10,97 +10,51 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import client_exceptions, http_exceptions
 
 from core.errors import ConfigInvalid
 from core.products.http import (
-    ANSWER_TOO_LARGE,
-    CONNECTION_LOST,
-    FRAMING_VIOLATION,
-    KEEPALIVE_ENV,
-    KEEPALIVE_SECONDS,
-    NEVER_CONNECTED,
-    UNREADABLE_ANSWER,
+    RETIRED_KEEPALIVE_ENV,
+    TLS_REFUSED,
     UNSENDABLE,
     ExchangeFailure,
     ProductHttp,
-    _failure,
-    keepalive_seconds,
+    refuse_retired_settings,
 )
 from core.products.tls import product_ssl_context
 from devstack.postgres_tls import LOOPBACK, CertificateAuthority
 
 
-def test_keepalive_defaults_to_two_seconds_and_takes_zero_to_sixty() -> None:
-    assert keepalive_seconds({}) == KEEPALIVE_SECONDS == 2.0
-    assert keepalive_seconds({KEEPALIVE_ENV: "0"}) == 0.0
-    assert keepalive_seconds({KEEPALIVE_ENV: "1.5"}) == 1.5
-    assert keepalive_seconds({KEEPALIVE_ENV: "60"}) == 60.0
-
-
-@pytest.mark.parametrize("value", ["-1", "61", "soon", "", "nan"])
-def test_a_keepalive_out_of_range_is_refused_naming_the_variable(value: str) -> None:
+@pytest.mark.parametrize("value", ["2", "0", ""])
+def test_the_retired_keepalive_setting_is_refused_by_name_whatever_its_value(value: str) -> None:
     with pytest.raises(ConfigInvalid) as caught:
-        keepalive_seconds({KEEPALIVE_ENV: value})
-    assert KEEPALIVE_ENV in caught.value.detail
+        refuse_retired_settings({RETIRED_KEEPALIVE_ENV: value})
+    assert RETIRED_KEEPALIVE_ENV in caught.value.detail
+    refuse_retired_settings({"COORDINATOR_SOMETHING_ELSE": "2"})
 
 
-async def test_a_header_with_a_line_break_is_refused_before_anything_is_opened() -> None:
+@pytest.mark.parametrize(
+    ("url", "headers"),
+    [
+        ("http://127.0.0.1:9/never", {"Idempotency-Key": "a\r\nX-Forged: 1"}),
+        ("http://127.0.0.1:9/a path", {}),
+        ("ftp://127.0.0.1:9/never", {}),
+        ("http://user:secret@127.0.0.1:9/never", {}),
+        ("http://127.0.0.1:99999/never", {}),
+        ("http:///no-host", {}),
+        ("http://127.0.0.1:9/never", {"Bad Name": "1"}),
+    ],
+    ids=["line-break", "space-in-path", "scheme", "userinfo", "port", "no-host", "header-name"],
+)
+async def test_an_unsendable_request_is_refused_before_anything_is_opened(
+    url: str, headers: dict[str, str]
+) -> None:
     http = ProductHttp()
     try:
         with pytest.raises(ExchangeFailure) as caught:
-            await http.exchange(
-                "POST",
-                "http://127.0.0.1:9/never",
-                headers={"Idempotency-Key": "a\r\nX-Forged: 1"},
-                timeout=1.0,
-            )
+            await http.exchange("POST", url, headers=headers, body=b"{}", timeout=1.0)
     finally:
         await http.close()
     assert (caught.value.cause, caught.value.sent) == (UNSENDABLE, False)
-
-
-def parser_refusal(underlying: Exception) -> client_exceptions.ClientResponseError:
-    """A parser refusal as aiohttp raises it: a 400 response error, its parser's exception
-    rewrapped and chained below."""
-    rewrapped = http_exceptions.HttpProcessingError(code=400, message="refused")
-    rewrapped.__cause__ = underlying
-    error = client_exceptions.ClientResponseError(None, (), status=400)  # type: ignore[arg-type]
-    error.__cause__ = rewrapped
-    return error
-
-
-@pytest.mark.parametrize(
-    ("underlying", "cause"),
-    [
-        (http_exceptions.LineTooLong("header", "65536"), ANSWER_TOO_LARGE),
-        (http_exceptions.BadStatusLine("HTTX/1.1"), UNREADABLE_ANSWER),
-        (http_exceptions.BadHttpMessage("duplicate Content-Length"), FRAMING_VIOLATION),
-        (http_exceptions.TransferEncodingError("bad chunk"), FRAMING_VIOLATION),
-    ],
-)
-def test_the_parsers_refusals_are_sent_and_uncertain_by_their_kind(
-    underlying: Exception, cause: str
-) -> None:
-    failure = _failure(parser_refusal(underlying))
-    assert (failure.cause, failure.sent) == (cause, True)
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        client_exceptions.ServerDisconnectedError(),
-        client_exceptions.ClientPayloadError("cut short"),
-        client_exceptions.ClientOSError(104, "reset by peer"),
-        ConnectionResetError(104, "reset by peer"),
-        RuntimeError("something nobody expected"),
-    ],
-)
-def test_anything_else_after_connecting_is_a_lost_connection_never_a_retry(
-    error: Exception,
-) -> None:
-    failure = _failure(error)
-    assert (failure.cause, failure.sent) == (CONNECTION_LOST, True)
 
 
 # -- a product behind TLS with a private root ---------------------------------------------------
@@ -112,12 +66,18 @@ def product_ca() -> CertificateAuthority:
 
 
 @pytest.fixture
+def certificate_hosts() -> tuple[str, ...]:
+    """The names the product's certificate carries (a test may name others)."""
+    return ("localhost", LOOPBACK)
+
+
+@pytest.fixture
 async def https_product(
-    tmp_path: Path, product_ca: CertificateAuthority
+    tmp_path: Path, product_ca: CertificateAuthority, certificate_hosts: tuple[str, ...]
 ) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """An HTTPS product on 127.0.0.1 whose certificate chains to ``product_ca`` only;
-    answers 201 to every request and lists the request lines it read."""
-    cert_pem, key_pem = product_ca.issue_server(("localhost", LOOPBACK))
+    """An HTTPS product on 127.0.0.1, reached as ``localhost``, whose certificate chains to
+    ``product_ca`` only; answers 201 to every request and lists the request lines it read."""
+    cert_pem, key_pem = product_ca.issue_server(certificate_hosts)
     cert, key = tmp_path / "product.crt", tmp_path / "product.key"
     cert.write_bytes(cert_pem)
     key.write_bytes(key_pem)
@@ -161,7 +121,7 @@ async def test_a_private_root_is_trusted_for_its_connection(
     assert seen == [b"POST /v1/x HTTP/1.1"]
 
 
-async def test_an_untrusted_certificate_is_never_connected_so_nothing_was_sent(
+async def test_an_untrusted_certificate_is_refused_tls_so_nothing_was_sent(
     https_product: tuple[str, list[bytes]],
 ) -> None:
     url, seen = https_product
@@ -172,5 +132,28 @@ async def test_an_untrusted_certificate_is_never_connected_so_nothing_was_sent(
             await http.exchange("POST", url + "/v1/x", headers={}, body=b"{}", timeout=5.0)
     finally:
         await http.close()
-    assert (caught.value.cause, caught.value.sent) == (NEVER_CONNECTED, False)
+    assert (caught.value.cause, caught.value.sent) == (TLS_REFUSED, False)
+    assert seen == []
+
+
+@pytest.mark.parametrize("certificate_hosts", [("product.example",)])
+async def test_a_certificate_naming_another_host_is_refused_tls(
+    https_product: tuple[str, list[bytes]], product_ca: CertificateAuthority
+) -> None:
+    url, seen = https_product
+    http = ProductHttp()
+    try:
+        with pytest.raises(ExchangeFailure) as caught:
+            # A root the connection trusts, but a certificate for another name.
+            await http.exchange(
+                "POST",
+                url + "/v1/x",
+                headers={},
+                body=b"{}",
+                timeout=5.0,
+                tls=product_ssl_context(product_ca.pem),
+            )
+    finally:
+        await http.close()
+    assert (caught.value.cause, caught.value.sent) == (TLS_REFUSED, False)
     assert seen == []

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
 
+from core.products.http import TLS_REFUSED, ExchangeFailure
 from core.products.receipts import (
     EXPIRED,
     FOUND,
@@ -27,16 +29,20 @@ PERSONAL = "applicant-17@example.org"
 
 
 class Tokens:
-    """Hands out numbered tokens; ``fail`` makes the next request for one fail."""
+    """Hands out numbered tokens; ``fail`` makes the next request for one fail, for the
+    exchange's ``cause`` when one is given."""
 
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: bool = False, cause: str | None = None) -> None:
         self.issued = 0
         self.invalidated: list[str] = []
         self.fail = fail
+        self.cause = cause
 
     async def token(self, connection: str) -> str:
         if self.fail:
-            raise TokenUnavailable("the issuer could not be reached", retryable=True)
+            raise TokenUnavailable(
+                "the issuer could not be reached", retryable=True, cause=self.cause
+            )
         self.issued += 1
         return f"token-{self.issued}"
 
@@ -149,3 +155,25 @@ async def test_no_token_or_no_answer_is_unavailable_and_nothing_is_raised() -> N
     assert no_token.kind == UNAVAILABLE and "token" in no_token.reason
     assert (no_answer.kind, no_answer.reason) == (UNAVAILABLE, "no answer (never-connected)")
     assert len(calls) == 1  # without a token nothing was sent
+
+
+async def test_an_untrusted_product_or_issuer_is_unavailable_and_named_tls_refused() -> None:
+    def untrusted(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("nothing is read without a token")
+
+    async with AsgiHttp(httpx.MockTransport(untrusted)) as http:
+        issuer = await read_receipt(
+            http, Tokens(fail=True, cause="tls-refused"), "notices", URL, timeout=5.0
+        )
+    assert (issuer.kind, issuer.reason) == (
+        UNAVAILABLE,
+        "no access token for the connection (tls-refused)",
+    )
+
+    class Untrusted(AsgiHttp):
+        async def exchange(self, *args: Any, **kwargs: Any) -> Any:
+            raise ExchangeFailure(TLS_REFUSED, sent=False)
+
+    async with Untrusted(httpx.MockTransport(untrusted)) as http:
+        product = await read_receipt(http, Tokens(), "notices", URL, timeout=5.0)
+    assert (product.kind, product.reason) == (UNAVAILABLE, "no answer (tls-refused)")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from core.products.http import TLS_REFUSED
 from core.runs import RUN_STATES
-from core.states import ENDED_RUN_STATES, Effect, RunState, StepState, Transition
+from core.states import ENDED_RUN_STATES, Effect, RunState, SentNothing, StepState, Transition
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "core" / "db"
 SCHEMA = (SCHEMA_DIR / "schema.sql").read_text()
@@ -54,3 +55,26 @@ def test_each_transition_is_an_outcome_the_functions_answer() -> None:
         Transition.RESTORE_HELD,
         Transition.ALREADY_SETTLED,
     }
+
+
+def test_the_causes_of_sending_nothing_are_the_schemas_one_list() -> None:
+    # sent_nothing() is the one list the step table's CHECK and every attention rule read.
+    body = re.search(
+        r"CREATE FUNCTION \{\{ns\}\}\.sent_nothing\(cause text\).*?\$\$(.*?)\$\$", SCHEMA, re.DOTALL
+    )
+    assert body
+    assert set(re.findall(r"'([a-z-]+)'", body[1])) == {str(cause) for cause in SentNothing}
+    assert {str(cause) for cause in SentNothing} <= allowed("step", "cause")
+    assert "{{ns}}.sent_nothing(cause) OR effect = 'unknown'" in SCHEMA
+    # The HTTP client's failure of a TLS handshake is the very cause a step shows.
+    assert str(SentNothing.TLS_REFUSED) == TLS_REFUSED
+
+
+def test_no_statement_spells_a_cause_of_sending_nothing_itself() -> None:
+    # Every rule about them asks sent_nothing() or step_wants_attention(): a cause added
+    # to the list is then treated alike everywhere.
+    texts = [SCHEMA_DIR / "transitions.sql", *sorted((SCHEMA_DIR / "queries").glob("*.sql"))]
+    for path in texts:
+        code = "\n".join(line.split("--", 1)[0] for line in path.read_text().splitlines())
+        for cause in SentNothing:
+            assert f"'{cause}'" not in code, (path.name, str(cause))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import ssl
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import jwt
@@ -16,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from core.products.http import TLS_REFUSED, Answer, ExchangeFailure
 from core.products.token_client import (
     ClientCredentials,
     IssuerDiscovery,
@@ -158,8 +160,60 @@ async def test_unreachable_issuer_is_retryable(kit: Kit) -> None:
     kit.router.remove(ISSUER_URL)
     with pytest.raises(TokenUnavailable) as caught:
         await kit.client().token()
-    assert caught.value.retryable is True
+    assert (caught.value.retryable, caught.value.cause) == (True, "never-connected")
     assert "never-connected" in str(caught.value)
+
+
+class UntrustedAt:
+    """The kit's exchanger, but the issuer's TLS verification fails for the paths given."""
+
+    def __init__(self, inner: AsgiHttp, *paths: str) -> None:
+        self.inner = inner
+        self.paths = paths
+
+    async def exchange(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None = None,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> Answer:
+        if urlsplit(url).path in self.paths:
+            raise ExchangeFailure(TLS_REFUSED, sent=False)
+        return await self.inner.exchange(
+            method, url, headers=headers, body=body, timeout=timeout, tls=tls
+        )
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("path", ["/.well-known/openid-configuration", "/token"])
+async def test_an_issuer_failing_tls_verification_is_retryable_and_says_so(
+    kit: Kit, path: str
+) -> None:
+    http = UntrustedAt(kit.http, path)
+    credentials = ClientCredentials(CLIENT, kit.key, ("messages:send",), AUDIENCE)
+    client = TokenClient(http, IssuerDiscovery(http, ISSUER_URL), credentials, clock=kit.clock)
+    with pytest.raises(TokenUnavailable) as caught:
+        await client.token()
+    # Retryable (nothing left), with the cause the caller makes visible (CONTRACT §9.3).
+    assert (caught.value.retryable, caught.value.cause, caught.value.error) == (
+        True,
+        "tls-refused",
+        None,
+    )
+    assert "tls-refused" in str(caught.value)
+
+
+async def test_an_issuer_that_answers_gives_no_cause(kit: Kit) -> None:
+    client = kit.client(scopes=("messages:send", "bookings:write"))
+    with pytest.raises(TokenUnavailable) as caught:
+        await client.token()
+    assert caught.value.cause is None
 
 
 async def test_issuer_server_error_is_retryable(kit: Kit) -> None:

@@ -46,11 +46,16 @@ BEGIN
     REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {{ns}}
       FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     GRANT USAGE ON SCHEMA {{ns}} TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
-    -- Every component may read the clock; the step transitions (transitions.sql) are the
-    -- dispatcher's, and run with its own table grants; the rest are for triggers only.
+    -- Every component may read the clock; every one that writes steps may evaluate the
+    -- rules about them (the step table's CHECK calls sent_nothing, so an insert needs it
+    -- too); the step transitions (transitions.sql) are the dispatcher's, and run with its
+    -- own table grants; the rest are for triggers only.
     GRANT EXECUTE ON FUNCTION {{ns}}.now(), {{ns}}.state_key_versions_in_use()
        TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
+    GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.step_wants_attention
+       TO {{admission}}, {{dispatcher}}, {{recovery}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
+                              {{ns}}.run_attention_recompute,
                               {{ns}}.step_settle, {{ns}}.step_prepare
        TO {{dispatcher}};
 

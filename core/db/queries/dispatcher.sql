@@ -13,11 +13,13 @@
 -- never sends its command again. dispatcher_step_lock answers whether the locked step is
 -- abandoned, so that rule is written once.
 --
--- A step's cause says why its effect is unknown (or, token-refused, why a call sent nothing
--- yet). The statement that makes a step uncertain names it; every statement that records a
--- fresh outcome of a call clears it, and preparing a command clears token-refused. Attention
--- follows the run's steps as recovery_actions.sql describes: a step uncertain or not-sent,
--- or a ready call whose token the issuer refused.
+-- A step's cause says why its effect is unknown, or (token-refused, tls-refused: the
+-- sent_nothing causes of schema.sql) why a call sent nothing yet. The statement that makes
+-- a step uncertain names it; every statement that records a fresh outcome of a call clears
+-- it or puts its own in place, and preparing a command or ending the step clears a
+-- sent_nothing cause. Attention follows the run's steps as step_wants_attention (schema.sql)
+-- says: a step uncertain or not-sent, or a ready call that sent nothing for a cause only
+-- an operator can mend.
 
 -- name: dispatcher_claim
 -- Lease up to limit due, unclaimed steps of runs that have not ended to owner for
@@ -239,49 +241,52 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
 RETURNING state;
 
--- name: dispatcher_step_token_refused
--- The owner asked the issuer for the access token of a call step and was refused (or
--- granted narrower scopes than the connection's), so nothing was sent. The step records
--- cause token-refused and is ready again, due delay seconds from now but no later than
--- its deadline, and its lease ends; the run keeps its state and gets attention (an ended
--- run is left alone) until a later prepare of the step clears both. A step that was never
--- prepared has no deadline yet: the first refusal counts as the first attempt and sets it,
--- deadline_seconds from now, so the claim after it answers past_deadline and the run
--- fails deadline-exceeded as a retried call would. The run row is locked first, as a
--- cancel locks it. Answers when the step is due again; no row, and nothing written, when
--- the lease is no longer this owner's.
+-- name: dispatcher_step_sent_nothing
+-- The owner sent nothing for a call step, for a cause an operator must see (one of
+-- sent_nothing in schema.sql): the issuer refused its access token (or granted narrower
+-- scopes than the connection's), token-refused, or the issuer failed TLS verification,
+-- tls-refused. The step records the cause and is ready again, due delay seconds from now
+-- but no later than its deadline, and its lease ends; the run keeps its state and gets
+-- attention (an ended run is left alone) until the step next prepares or ends, which
+-- clears both (transitions.sql). A step that was never prepared has no deadline yet: the
+-- first such attempt counts as the first and sets it, deadline_seconds from now, so the
+-- claim after it answers past_deadline and the run fails deadline-exceeded as a retried
+-- call would. The run row is locked first, as a cancel locks it. Answers when the step is
+-- due again; no row, and nothing written, when the lease is no longer this owner's.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
--- $4 delay (float8)
--- $5 deadline_seconds (integer): the workflow's deadlineSeconds
+-- $4 cause (text): token-refused or tls-refused
+-- $5 delay (float8)
+-- $6 deadline_seconds (integer): the workflow's deadlineSeconds
 -- returns: row
 WITH r AS (
     SELECT id FROM {{ns}}.run WHERE id = $1 FOR NO KEY UPDATE
-), refused AS (
+), withheld AS (
     UPDATE {{ns}}.step s
        SET state = 'ready',
-           cause = 'token-refused', cause_status = NULL,
+           cause = $4::text, cause_status = NULL,
            first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
            deadline_at = coalesce(s.deadline_at,
-                                  {{ns}}.now() + make_interval(secs => $5::integer)),
-           due_at = least({{ns}}.now() + make_interval(secs => $4::float8),
+                                  {{ns}}.now() + make_interval(secs => $6::integer)),
+           due_at = least({{ns}}.now() + make_interval(secs => $5::float8),
                           coalesce(s.deadline_at,
-                                   {{ns}}.now() + make_interval(secs => $5::integer))),
+                                   {{ns}}.now() + make_interval(secs => $6::integer))),
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
            updated_at = {{ns}}.now()
       FROM r
      WHERE s.run_id = r.id AND s.step_id = $2 AND s.lease_owner = $3
        -- (never a prepared step: its command may have left, and only a claim may say so)
        AND s.step_type = 'call' AND s.state = 'ready'
+       AND {{ns}}.sent_nothing($4::text)
     RETURNING s.due_at
 ), noticed AS (
     UPDATE {{ns}}.run u
        SET attention = true, updated_at = {{ns}}.now()
-      FROM refused
+      FROM withheld
      WHERE u.id = $1 AND u.ended_at IS NULL AND NOT u.attention
 )
-SELECT due_at FROM refused;
+SELECT due_at FROM withheld;
 
 -- name: dispatcher_token_refusal_record
 -- The issuer refused a connection's access token: remember its OAuth error code, now, for
@@ -366,19 +371,33 @@ UPDATE {{ns}}.step
 
 -- name: dispatcher_step_retry
 -- A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
--- due in delay seconds, with the same command and key.
+-- due in delay seconds, with the same command and key. cause is null when the product
+-- said so (or the connection was never made); tls-refused when nothing left because the
+-- product failed TLS verification, which will not mend by itself: the step keeps that
+-- cause and the run gets attention until the step next prepares or ends, as
+-- dispatcher_step_sent_nothing does for a step that never got as far as preparing.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 delay (float8)
+-- $4 cause (text, null): a sent_nothing cause (schema.sql), or null
 -- returns: row
-UPDATE {{ns}}.step
-   SET state = 'ready',
-       cause = NULL, cause_status = NULL,
-       due_at = {{ns}}.now() + make_interval(secs => $3::float8),
-       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-       updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2
-RETURNING due_at;
+WITH retried AS (
+    UPDATE {{ns}}.step
+       SET state = 'ready',
+           cause = $4::text, cause_status = NULL,
+           due_at = {{ns}}.now() + make_interval(secs => $3::float8),
+           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+           updated_at = {{ns}}.now()
+     WHERE run_id = $1 AND step_id = $2
+    RETURNING due_at
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = true, updated_at = {{ns}}.now()
+      FROM retried
+     WHERE u.id = $1 AND {{ns}}.sent_nothing($4::text) AND u.ended_at IS NULL
+       AND NOT u.attention
+)
+SELECT due_at FROM retried;
 
 -- name: dispatcher_step_wait
 -- A step locked by dispatcher_step_lock waits: due at due_at, timing out at

@@ -8,9 +8,10 @@
 -- is made due exactly as it makes one, and a run ends as it ends one. Recovery never sends a command: retry-same only makes the step ready again with its
 -- stored command and key, and the dispatcher of an ordinary instance sends it.
 --
--- A run's attention follows its steps: it is true while a step is uncertain or not-sent
--- (an operator still has to act) or is a call ready again after the issuer refused its
--- token (the dispatcher cannot act), so every write that settles such a step recomputes it.
+-- A run's attention follows its steps, as step_wants_attention (schema.sql) decides: it is
+-- true while a step is uncertain or not-sent (an operator still has to act) or is a call
+-- ready again after sending nothing for a cause only an operator can mend (a refused token,
+-- a failed TLS verification), so every write that settles such a step recomputes it.
 --
 -- A step's cause (why its effect is unknown) stays while an operator's action leaves the
 -- effect unknown (retry-same makes the step ready with it) and is cleared when the effect
@@ -164,8 +165,7 @@ UPDATE {{ns}}.run r
                END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
-                              AND (s.state IN ('uncertain', 'not-sent')
-                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
+                              AND {{ns}}.step_wants_attention(s.state, s.cause)),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
@@ -177,8 +177,7 @@ UPDATE {{ns}}.run r
 UPDATE {{ns}}.run r
    SET attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
-                              AND (s.state IN ('uncertain', 'not-sent')
-                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
+                              AND {{ns}}.step_wants_attention(s.state, s.cause)),
        updated_at = {{ns}}.now()
  WHERE r.id = $1;
 
@@ -199,8 +198,7 @@ UPDATE {{ns}}.run r
        failure_step = CASE WHEN r.cancelling THEN NULL ELSE $5 END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
-                              AND (s.state IN ('uncertain', 'not-sent')
-                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
+                              AND {{ns}}.step_wants_attention(s.state, s.cause)),
        ended_at = {{ns}}.now(),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL
@@ -234,11 +232,14 @@ SELECT state, attempts
 -- name: recovery_steps_cancel
 -- Cancel the steps of a run that wait to be worked on and that no dispatcher holds: ready,
 -- waiting (the wait is abandoned) and not-sent. Leased steps are settled by their
--- dispatcher; uncertain steps stay uncertain. Answers the cancelled step ids.
+-- dispatcher; uncertain steps stay uncertain. A step that sent nothing loses its cause
+-- with its end (the cause of a ready step whose effect is still unknown stays). Answers
+-- the cancelled step ids.
 -- $1 run_id (text)
 -- returns: rows
 UPDATE {{ns}}.step
    SET state = 'cancelled',
+       cause = CASE WHEN {{ns}}.sent_nothing(cause) THEN NULL ELSE cause END,
        due_at = NULL,
        ended_at = {{ns}}.now(),
        updated_at = {{ns}}.now()
@@ -275,8 +276,7 @@ UPDATE {{ns}}.run r
        state = CASE WHEN $2::integer IS NOT NULL THEN 'running' ELSE r.state END,
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
-                              AND (s.state IN ('uncertain', 'not-sent')
-                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
+                              AND {{ns}}.step_wants_attention(s.state, s.cause)),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL;
 
@@ -290,8 +290,7 @@ UPDATE {{ns}}.run r
    SET state = 'cancelled',
        attention = EXISTS (SELECT 1 FROM {{ns}}.step s
                             WHERE s.run_id = r.id
-                              AND (s.state IN ('uncertain', 'not-sent')
-                                   OR (s.state = 'ready' AND s.cause = 'token-refused'))),
+                              AND {{ns}}.step_wants_attention(s.state, s.cause)),
        ended_at = {{ns}}.now(),
        updated_at = {{ns}}.now()
  WHERE r.id = $1 AND r.ended_at IS NULL AND r.cancelling AND r.cancel_seq IS NULL

@@ -64,9 +64,11 @@ UPDATE {{ns}}.step
 
 -- name: waits_run_attention
 -- Set a run's attention while it waits: true when the product refused to show it the
--- result, false again once a read is answered. Attention is never cleared from a run with
--- an uncertain step (that is an operator's business), a call whose token the issuer
--- refused, or an ended run. Answers the run id when something changed.
+-- result or failed TLS verification, false again once a read is answered. Attention is
+-- never cleared from a run with a step that asks for it (step_wants_attention in
+-- schema.sql: an uncertain or not-sent step is an operator's business, as is a call that
+-- sent nothing for a refused token or a failed TLS verification), nor from an ended run.
+-- Answers the run id when something changed.
 -- $1 run_id (text)
 -- $2 attention (boolean)
 -- returns: row
@@ -78,8 +80,7 @@ UPDATE {{ns}}.run r
    AND ($2::boolean
         OR NOT EXISTS (SELECT 1 FROM {{ns}}.step s
                         WHERE s.run_id = r.id
-                          AND (s.state = 'uncertain'
-                               OR (s.state = 'ready' AND s.cause = 'token-refused'))))
+                          AND {{ns}}.step_wants_attention(s.state, s.cause)))
 RETURNING r.id;
 
 -- name: waits_wake
