@@ -132,7 +132,7 @@ def start_products(stack: LocalStack, tls: ProductsTls | None) -> None:
         command = [sys.executable, "-m", "bench.products", kind, str(stack.root / f"{kind}.json")]
         if tls is not None:
             command += ["--certificate", str(tls.certificate), "--key", str(tls.key)]
-        stack._spawn(kind, command)
+        stack.spawn(kind, command)
         wait_until(
             lambda url=url: httpx.get(url + "/dev/stats", verify=verify, timeout=2.0).is_success,
             kind,

@@ -584,7 +584,7 @@ class ProviderStack(LocalStack):
             serve = ["serve"] if kind == "casework-review-producer" else []
             settings = str(self.root / f"{kind}.json")
             module = CONNECTION_MODULES[kind]
-            self._spawn(kind, [sys.executable, "-m", module, *serve, "--settings", settings])
+            self.spawn(kind, [sys.executable, "-m", module, *serve, "--settings", settings])
         for kind, url in self.product_urls.items():
             wait_until(
                 lambda url=url: http_ok(url + "/dev/stats"), kind, process=self.processes[kind]

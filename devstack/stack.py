@@ -189,7 +189,9 @@ class LocalStack:
 
     # ---------------------------------------------------------------------- processes
 
-    def _spawn(self, name: str, command: list[str], env: Mapping[str, str] | None = None) -> None:
+    def spawn(self, name: str, command: list[str], env: Mapping[str, str] | None = None) -> None:
+        """Start ``command`` as process ``name`` of this stack, logging to ``<logs>/<name>.log``
+        and stopped with the rest by :meth:`stop` (the bench starts its stand-ins this way)."""
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self._log_handles.append(log)
         self.processes[name] = subprocess.Popen(
@@ -203,7 +205,7 @@ class LocalStack:
     def start_products(self) -> None:
         """Start the issuer and every stand-in the deployment's connections use."""
         issuer_url = self.summary["issuer"]
-        self._spawn(
+        self.spawn(
             "issuer",
             [
                 sys.executable,
@@ -222,7 +224,7 @@ class LocalStack:
             serve = ["serve"] if kind == "casework-review-producer" else []
             settings = str(self.root / f"{kind}.json")
             module = CONNECTION_MODULES[kind]
-            self._spawn(kind, [sys.executable, "-m", module, *serve, "--settings", settings])
+            self.spawn(kind, [sys.executable, "-m", module, *serve, "--settings", settings])
         wait_until(
             lambda: http_ok(issuer_url + "/.well-known/openid-configuration"),
             "development issuer",
@@ -247,7 +249,7 @@ class LocalStack:
             str(self.runtime_file),
             *extra,
         ]
-        self._spawn(name, command, env)
+        self.spawn(name, command, env)
         process = self.processes[name]
         if wait_ready:
             wait_until(lambda: http_ok(self.url + "/ready"), "coordinator /ready", process=process)

@@ -223,17 +223,17 @@ class ProductHttp:
         context = (tls or self._default_tls()) if target.https else None
         try:
             async with asyncio.timeout(timeout):
-                async with self._slots:
-                    reader, writer = await self._connect(target, context, timeout)
-                    self._open.add(writer)
-                    try:
-                        # Written without waiting for the product to read it: an answer
-                        # that comes before the body is taken all the same.
-                        writer.write(target.request)
-                        return await self._answer(reader, target.framer)
-                    finally:
-                        self._open.discard(writer)
-                        writer.transport.abort()
+                reader, writer = await self._connect(target, context, timeout)
+                self._open.add(writer)
+                try:
+                    # Written without waiting for the product to read it: an answer that
+                    # comes before the body is taken all the same.
+                    writer.write(target.request)
+                    return await self._answer(reader, target.framer)
+                finally:
+                    self._open.discard(writer)
+                    writer.transport.abort()
+                    self._slots.release()
         except ExchangeFailure:
             raise
         except TimeoutError:
@@ -245,15 +245,23 @@ class ProductHttp:
     async def _connect(
         self, target: _Target, context: ssl.SSLContext | None, timeout: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A slot and a connection, both within the connect bound: waiting for a slot sends
+        nothing either, so running out of time there is as definite as a refused connect.
+        The caller releases the slot once done with the connection."""
         try:
             async with asyncio.timeout(min(CONNECT_SECONDS, timeout / 2)):
-                return await asyncio.open_connection(
-                    target.host,
-                    target.port,
-                    ssl=context,
-                    server_hostname=target.host if context is not None else None,
-                    limit=READ_BYTES,
-                )
+                await self._slots.acquire()
+                try:
+                    return await asyncio.open_connection(
+                        target.host,
+                        target.port,
+                        ssl=context,
+                        server_hostname=target.host if context is not None else None,
+                        limit=READ_BYTES,
+                    )
+                except BaseException:
+                    self._slots.release()
+                    raise
         except ssl.SSLError:
             # (Before OSError: ssl.SSLError is one.) The handshake failed; nothing was sent.
             raise ExchangeFailure(TLS_REFUSED, sent=False) from None

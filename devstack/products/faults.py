@@ -21,7 +21,6 @@ from typing import Any, Final, TypeGuard
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive
 
 
 class FaultInvalid(ValueError):
@@ -150,19 +149,6 @@ class Dropped(Exception):
 ABORT_STATE_KEY: Final = "devstack.abort-connection"
 """The member of a request's ``scope["state"]`` that aborts its connection: a callable put
 there, per connection, by :class:`devstack.products.serving.DroppingH11Protocol`."""
-
-
-def transport_of(receive: Receive) -> asyncio.BaseTransport | None:
-    """The asyncio transport behind uvicorn's ``receive``, found through the request cycle
-    that owns it; None where there is none.
-
-    Not used by the stand-ins (see :data:`ABORT_STATE_KEY`): it reads an attribute of
-    uvicorn's internals and finds nothing on uvloop. Kept for ``tests/helpers/loopback.py``,
-    whose server runs on the test's own asyncio loop.
-    """
-    owner = getattr(receive, "__self__", None)
-    transport = getattr(owner, "transport", None)
-    return transport if isinstance(transport, asyncio.BaseTransport) else None
 
 
 async def drop_connection(request: Request) -> None:

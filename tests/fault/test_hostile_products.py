@@ -811,6 +811,34 @@ async def test_a_header_with_a_line_break_is_unsendable_and_nothing_connects(
     assert (len(product.requests), product.connections) == (1, 1)
 
 
+async def test_no_free_connection_slot_in_time_is_never_connected(serve: Serve) -> None:
+    """Waiting for one of the client's connection slots sends nothing: running out of time
+    there is as definite as a refused connect, never ``timeout-after-send``."""
+    answered = asyncio.Event()
+
+    async def behaviour(conn: Conn) -> None:
+        if await conn.request() is not None:
+            await answered.wait()  # holds the only slot until the test lets go
+            await conn.send(numbered(conn.product.requests[0]))
+
+    product = await serve(behaviour)
+    http = ProductHttp(pool_size=1)
+    try:
+        holding = asyncio.ensure_future(call(http, product.url, timeout=10.0))
+        await product.wait_until(lambda: len(product.requests) == 1)
+        waiting = await call(http, product.url, timeout=0.4)
+        assert waiting.failure is not None
+        assert (waiting.failure.cause, waiting.failure.sent) == (NEVER_CONNECTED, False)
+        assert waiting.classified.result == RETRYABLE
+        assert product.connections == 1
+        answered.set()
+        assert (await holding).verdict == (ACCEPTED, None)
+        # The slot is free again.
+        assert (await call(http, product.url)).verdict == (ACCEPTED, None)
+    finally:
+        await http.close()
+
+
 async def test_nothing_listening_is_never_connected_and_retryable(http: ProductHttp) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -24,7 +24,8 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from core.products.http import Answer, ProductHttp
-from devstack.products.faults import transport_of
+from devstack.products.faults import ABORT_STATE_KEY
+from devstack.products.serving import DroppingH11Protocol
 from tests.helpers.devstack_kit import HostRouter
 
 LOOPBACK = "127.0.0.1"
@@ -66,9 +67,9 @@ class _Front:
             content = await response.aread()
         except Exception:
             # The stand-in dropped the connection (or failed): so does the socket.
-            transport = transport_of(receive)
-            if transport is not None:
-                transport.abort()  # type: ignore[attr-defined]
+            abort = (scope.get("state") or {}).get(ABORT_STATE_KEY)
+            if abort is not None:
+                abort()
             return
         await send(
             {
@@ -105,7 +106,7 @@ class LoopbackHttp:
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(
             _Front(self._router, self._schemes),
-            http="h11",
+            http=DroppingH11Protocol,
             lifespan="off",
             log_level="critical",
             access_log=False,
