@@ -179,13 +179,22 @@ class HttpJwksSource:
             async with self._client.stream(
                 "GET",
                 self.url,
-                headers={"Accept": "application/jwk-set+json, application/json"},
+                headers={
+                    "Accept": "application/jwk-set+json, application/json",
+                    # A key set is a few kilobytes: asked for as it is, so that a
+                    # small compressed answer cannot inflate past the cap before it is counted
+                    # (one that comes compressed all the same is refused below).
+                    "Accept-Encoding": "identity",
+                },
                 follow_redirects=False,
             ) as response:
                 if response.status_code != 200:
                     raise JwksUnavailable(f"JWKS answered HTTP {response.status_code}")
+                encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise JwksUnavailable("JWKS answered compressed, though asked for identity")
                 body = bytearray()
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.aiter_bytes():  # identity: as sent
                     body += chunk
                     if len(body) > MAX_JWKS_BYTES:
                         raise JwksUnavailable("JWKS document is too large")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import hashlib
 import hmac
 import json
@@ -608,6 +609,22 @@ async def test_http_source_failures(response: httpx.Response) -> None:
         with pytest.raises(JwksUnavailable):
             await HttpJwksSource(JWKS_URL, client).fetch()
     assert seen == [JWKS_URL]
+
+
+async def test_http_source_asks_for_the_key_set_uncompressed_and_refuses_it_compressed() -> None:
+    # A compressed answer would be inflated by the client before the cap could count it.
+    asked: list[str | None] = []
+    packed = gzip.compress(json.dumps(jwks()).encode())
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("Accept-Encoding"))
+        return httpx.Response(200, content=packed, headers={"Content-Encoding": "gzip"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        with pytest.raises(JwksUnavailable) as caught:
+            await HttpJwksSource(JWKS_URL, client).fetch()
+    assert asked == ["identity"]
+    assert "compressed" in str(caught.value)
 
 
 async def test_http_source_connection_failure_is_unavailable() -> None:
