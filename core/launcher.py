@@ -16,9 +16,14 @@ import contextlib
 import importlib
 import logging
 import os
+import select
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,9 +31,10 @@ from typing import Any, NoReturn
 
 import uvloop
 
-from core import __version__, logs
+from core import __version__, logs, notify
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.notify import Announcer
 
 COMPONENTS = ("gateway", "admission", "dispatcher", "recovery", "auditd")
 # Start order: the journal first (nothing is answered without it), the gateway last.
@@ -95,8 +101,14 @@ async def _run_component(
     settings = runtime.config.deployment.logging
     logs.configure(component, log_level or settings.level, settings.format)
     serve = _entry(component)
-    task = asyncio.ensure_future(serve(runtime))
+    started = asyncio.Event()
+    task = asyncio.ensure_future(serve(runtime, started=started))
     loop = asyncio.get_running_loop()
+    # READY=1 to the manager (systemd, or the launcher in all-in-one mode) only once the
+    # component verified its activation and serves; a component that fails first never
+    # says it.
+    announcer = Announcer()
+    announced = asyncio.ensure_future(_announce(started, announcer, component))
 
     def stop(signum: int) -> None:
         logs.log.log(logs.NOTICE, "%s stopping (%s)", component, signal.Signals(signum).name)
@@ -104,9 +116,20 @@ async def _run_component(
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop, signum)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        announced.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announced
+        await announcer.stopping()
     logs.log.log(logs.NOTICE, "%s stopped", component)
+
+
+async def _announce(started: asyncio.Event, announcer: Announcer, component: str) -> None:
+    await started.wait()
+    announcer.ready(f"{component} serving")
 
 
 def run_component(
@@ -136,8 +159,52 @@ def run_component(
 # ------------------------------------------------------------------------------- supervisor
 
 
+class ReadinessSocket:
+    """The launcher's own notify socket (the sd_notify protocol, :mod:`core.notify`): each
+    component it starts is given it as ``NOTIFY_SOCKET`` and says ``READY=1`` there once it
+    serves. The kernel names the sender (``SO_PASSCRED``), so a message is matched to the
+    child that sent it, never to what it claims. It lives in a fresh 0700 folder."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="coordinator-ready-"))
+        self.path = self.folder / "notify"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.path))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.setblocking(False)
+
+    def wait(self, timeout: float) -> set[int]:
+        """The process ids that said ``READY=1`` within ``timeout`` seconds (or at once, if
+        anything is waiting already)."""
+        readable, _, _ = select.select([self.sock], [], [], timeout)
+        ready: set[int] = set()
+        while readable:
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
+            except BlockingIOError:
+                break
+            if notify.READY not in data.decode("utf-8", "replace").splitlines():
+                continue
+            for level, kind, value in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid, _uid, _gid = struct.unpack("3i", value[:12])
+                    ready.add(pid)
+        return ready
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class Supervisor:
-    """Start the components as child processes and keep them together."""
+    """Start the components as child processes and keep them together.
+
+    The public listener opens last (CONTRACT §2.1): every other component is started and
+    must say it serves (it verified its activation) before the gateway is started at all,
+    and the instance says ``READY=1`` to its own manager only once the gateway serves too.
+    A component that exits before then takes the instance down as at any other time, and
+    nothing was ever answered.
+    """
 
     def __init__(self, path: Path, recovery_only: bool, log_level: str | None = None) -> None:
         self.path = path
@@ -145,6 +212,9 @@ class Supervisor:
         self.log_level = log_level
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self.readiness: ReadinessSocket | None = None
+        self._watchdog = notify.watchdog_interval()
+        self._pinged = 0.0
 
     def _command(self, component: str) -> list[str]:
         command = [sys.executable, "-m", "core.launcher", "--runtime-config", str(self.path)]
@@ -155,22 +225,62 @@ class Supervisor:
             command += ["--log-level", self.log_level]
         return command
 
-    def start(self) -> None:
-        """Start every component of this mode, journal first."""
-        wanted = RECOVERY_ONLY if self.recovery_only else START_ORDER
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The components report to this launcher; it alone speaks to the service manager,
+        # and pings the manager's watchdog for the instance.
+        for name in (notify.WATCHDOG_USEC, notify.WATCHDOG_PID):
+            env.pop(name, None)
+        if self.readiness is not None:
+            env[notify.NOTIFY_SOCKET] = str(self.readiness.path)
+        return env
+
+    def _spawn(self, component: str) -> None:
+        # Children must not see our signals twice (a terminal's Ctrl-C goes to the whole
+        # group): each gets its own session and hears only what we forward.
+        self.children[component] = subprocess.Popen(
+            self._command(component), start_new_session=True, env=self._environment()
+        )
+
+    def start(self, components: tuple[str, ...]) -> None:
+        """Start ``components`` (of this mode), in the start order."""
         for component in START_ORDER:
-            if component in wanted:
-                # Children must not see our signals twice (a terminal's Ctrl-C goes to the
-                # whole group): each gets its own session and hears only what we forward.
-                self.children[component] = subprocess.Popen(
-                    self._command(component), start_new_session=True
-                )
+            if component in components:
+                self._spawn(component)
 
     def _signal(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
+    def _exited(self) -> tuple[str, int] | None:
+        for name, child in self.children.items():
+            code = child.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        if self._watchdog is not None and now - self._pinged >= self._watchdog:
+            self._pinged = now
+            notify.notify(notify.WATCHDOG)
+
+    def _await_ready(self, components: tuple[str, ...]) -> tuple[str, int] | None:
+        """Wait until every one of ``components`` said it serves; a component's exit (name,
+        status) if one ends first, None otherwise (also when a signal asks to stop)."""
+        assert self.readiness is not None
+        waiting = {self.children[name].pid: name for name in components}
+        while waiting and not self.stopping:
+            for pid in self.readiness.wait(0.2):
+                waiting.pop(pid, None)
+            failed = self._exited()
+            if failed is not None:
+                return failed
+            self._ping()
+        return None
+
     def stop(self) -> None:
         """SIGTERM every child, wait within the budget, kill what is left."""
+        notify.notify(notify.STOPPING)
         for child in self.children.values():
             if child.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -188,19 +298,27 @@ class Supervisor:
         """Supervise until SIGTERM (exit 0) or until a component exits (exit non-zero)."""
         signal.signal(signal.SIGTERM, self._signal)
         signal.signal(signal.SIGINT, self._signal)
-        self.start()
-        failed: tuple[str, int] | None = None
-        while not self.stopping and failed is None:
-            for name, child in self.children.items():
-                code = child.poll()
-                if code is not None:
-                    failed = (name, code)
-                    break
-            else:
-                # Waking 5 times a second keeps SIGTERM handling and exit detection prompt;
-                # os.wait would race with Popen's own bookkeeping.
-                time.sleep(0.2)
-        self.stop()
+        wanted = RECOVERY_ONLY if self.recovery_only else START_ORDER
+        behind = tuple(name for name in wanted if name != "gateway")
+        self.readiness = ReadinessSocket()
+        try:
+            self.start(behind)
+            failed = self._await_ready(behind)
+            if failed is None and not self.stopping:
+                self.start(("gateway",))
+                failed = self._await_ready(("gateway",))
+            if failed is None and not self.stopping:
+                notify.notify(f"{notify.READY}\nSTATUS=serving ({', '.join(wanted)})")
+            while not self.stopping and failed is None:
+                failed = self._exited()
+                if failed is None:
+                    self._ping()
+                    # Waking 5 times a second keeps SIGTERM handling and exit detection
+                    # prompt; os.wait would race with Popen's own bookkeeping.
+                    time.sleep(0.2)
+            self.stop()
+        finally:
+            self.readiness.close()
         if failed is not None:
             name, code = failed
             sys.stderr.write(
@@ -235,7 +353,7 @@ async def preflight(path: Path, recovery_only: bool) -> None:
     """Check the runtime file and verify the activation on one runtime connection.
 
     An unreachable database is not a refusal: the components start, report
-    ``store-unavailable`` and wait for it, and ``/ready`` answers 503 meanwhile.
+    ``store-unavailable`` and wait for it; the public listener opens once they serve.
     """
     from core.db import statements
     from core.db.roles import component_role

@@ -283,8 +283,14 @@ def gateway_context(
     )
 
 
-async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
-    """Run the gateway for ``runtime`` until ``stop`` is set or the task is cancelled."""
+async def serve(
+    runtime: Runtime,
+    started: asyncio.Event | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the gateway for ``runtime`` until ``stop`` is set or the task is cancelled;
+    ``started`` is set once its listeners accept connections."""
     deployment = runtime.config.deployment
     authentication = deployment.authentication
     stopping = asyncio.Event()
@@ -311,6 +317,10 @@ async def serve(runtime: Runtime, *, stop: asyncio.Event | None = None) -> None:
         logs.serving("gateway", f"http://{deployment.listener.bind} (the API)")
         if deployment.metrics_listener is not None:
             logs.serving("gateway", f"http://{deployment.metrics_listener.bind} (metrics)")
+        if started is not None:
+            # The sockets listen already (bound above): a connection made from here on is
+            # queued and answered as soon as uvicorn takes it.
+            started.set()
         try:
             await serve_apps(
                 listeners,

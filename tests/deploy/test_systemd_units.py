@@ -71,7 +71,10 @@ MANAGED_FOLDERS = {
 
 # What every service unit must say, setting by setting (the last assignment wins).
 REQUIRED = {
-    "Type": "exec",
+    "Type": "notify",
+    "NotifyAccess": "main",
+    "TimeoutStartSec": "infinity",
+    "WatchdogSec": "30",
     "User": "coordinator",
     "Group": "coordinator",
     "UMask": "0077",
