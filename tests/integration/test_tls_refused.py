@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from core.products.http import TLS_REFUSED, Answer, ExchangeFailure, Exchanger, ProductHttp
+from core.products.http import TLS_REFUSED, Answer, Exchanger, ProductHttp
 from core.runtime import Store
 from devstack.postgres import DatabaseHandle
 from devstack.postgres_tls import LOOPBACK, CertificateAuthority
@@ -41,6 +41,7 @@ from recovery import reads
 from tests.helpers.base_kit import ISSUER
 from tests.helpers.deployment import write_secret
 from tests.helpers.dispatching import CLIENT, DispatchKit, dispatch_kit
+from tests.helpers.failing_http import FailingHttp
 from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import CASEWORK, ReviewKit, review_kit
 
@@ -379,35 +380,16 @@ async def test_an_issuer_failing_tls_verification_shows_tls_refused_until_mended
 # ------------------------------------------------------------------------------ result reads
 
 
-class UntrustedReads:
-    """An exchanger whose result reads (GETs to Casework) or token requests fail TLS
-    verification, as the HTTP client reports it, while :attr:`failing` says so."""
+def untrusted_reads(inner: Exchanger, target: str) -> FailingHttp:
+    """Result reads (GETs to Casework), or the issuer's token requests, fail TLS
+    verification as the HTTP client reports it, while ``failing`` says so."""
 
-    def __init__(self, inner: Exchanger, target: str) -> None:
-        self._inner = inner
-        self._target = target
-        self.failing = True
+    def fails(method: str, url: str) -> bool:
+        if target == "product":
+            return method == "GET" and url.startswith(CASEWORK)
+        return url.startswith(ISSUER) and urlsplit(url).path.endswith("/token")
 
-    async def exchange(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Mapping[str, str],
-        body: bytes | None = None,
-        timeout: float,
-        tls: ssl.SSLContext | None = None,
-    ) -> Answer:
-        read = method == "GET" and url.startswith(CASEWORK)
-        token = url.startswith(ISSUER) and urlsplit(url).path.endswith("/token")
-        if self.failing and (read if self._target == "product" else token):
-            raise ExchangeFailure(TLS_REFUSED, sent=False)
-        return await self._inner.exchange(
-            method, url, headers=headers, body=body, timeout=timeout, tls=tls
-        )
-
-    async def close(self) -> None:
-        await self._inner.close()
+    return FailingHttp(inner, fails, TLS_REFUSED)
 
 
 @pytest.fixture
@@ -430,7 +412,7 @@ async def test_a_result_read_failing_tls_verification_keeps_the_wait_with_attent
 
     # From now on Casework (or the issuer) fails TLS verification; a new dispatcher has no
     # token cached, so the issuer is asked too.
-    untrusted = UntrustedReads(review.http, target)
+    untrusted = untrusted_reads(review.http, target)
     review.http = untrusted
     dispatcher = await review.dispatcher()
     fake_clock(wait["next_check_at"] + timedelta(seconds=1))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from core.products.http import TLS_REFUSED, Answer, ExchangeFailure
+from core.products.http import TLS_REFUSED
 from core.products.token_client import (
     ClientCredentials,
     IssuerDiscovery,
@@ -36,6 +35,7 @@ from tests.helpers.devstack_kit import (
     client_for,
     make_issuer,
 )
+from tests.helpers.failing_http import FailingHttp
 
 CLIENT = "coordinator-notices"
 # A base URL with a path and trailing slash: the resource must be sent verbatim.
@@ -164,38 +164,12 @@ async def test_unreachable_issuer_is_retryable(kit: Kit) -> None:
     assert "never-connected" in str(caught.value)
 
 
-class UntrustedAt:
-    """The kit's exchanger, but the issuer's TLS verification fails for the paths given."""
-
-    def __init__(self, inner: AsgiHttp, *paths: str) -> None:
-        self.inner = inner
-        self.paths = paths
-
-    async def exchange(
-        self,
-        method: str,
-        url: str,
-        *,
-        headers: Mapping[str, str],
-        body: bytes | None = None,
-        timeout: float,
-        tls: ssl.SSLContext | None = None,
-    ) -> Answer:
-        if urlsplit(url).path in self.paths:
-            raise ExchangeFailure(TLS_REFUSED, sent=False)
-        return await self.inner.exchange(
-            method, url, headers=headers, body=body, timeout=timeout, tls=tls
-        )
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 @pytest.mark.parametrize("path", ["/.well-known/openid-configuration", "/token"])
 async def test_an_issuer_failing_tls_verification_is_retryable_and_says_so(
     kit: Kit, path: str
 ) -> None:
-    http = UntrustedAt(kit.http, path)
+    # The issuer's TLS verification fails for that path.
+    http = FailingHttp(kit.http, lambda _method, url: urlsplit(url).path == path, TLS_REFUSED)
     credentials = ClientCredentials(CLIENT, kit.key, ("messages:send",), AUDIENCE)
     client = TokenClient(http, IssuerDiscovery(http, ISSUER_URL), credentials, clock=kit.clock)
     with pytest.raises(TokenUnavailable) as caught:
