@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -232,6 +233,55 @@ def test_verify_rejects_a_broken_unit(tmp_path: Path, breakage: str) -> None:
     problems = verify_problems(folder)
     assert problems, f"verify let {breakage} through"
     assert any(COMPONENT_UNITS["gateway"] in problem for problem in problems)
+
+
+# -------------------------------------------------------------- systemd-analyze security
+
+SECURITY_CEILING = 2.0
+"""The highest exposure ``systemd-analyze security`` may give any unit (0 is the most
+confined, 10 the least; ours are 1.7 as this is written). A change that loosens the sandbox
+enough to pass it is a change to argue for, and to move this number with."""
+RELAXED = {
+    "NoNewPrivileges=yes": "NoNewPrivileges=no",
+    "ProtectSystem=strict": "ProtectSystem=no",
+    "PrivateDevices=yes": "PrivateDevices=no",
+}
+"""Three settings whose loosening together lifts a unit past the ceiling: the broken
+variant the ceiling test must refuse."""
+
+
+def exposure(folder: Path, name: str) -> float:
+    """``systemd-analyze security --offline=true`` of the unit ``name`` in ``folder``."""
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing: `make test` installs it (Debian: systemd)"
+    result = subprocess.run(
+        [analyze, "security", "--offline=true", "--no-pager", str(folder / name)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SYSTEMD_COLORS": "0"},
+        timeout=60,
+        check=False,
+    )
+    found = re.search(rf"Overall exposure level for {re.escape(name)}: ([0-9.]+)", result.stdout)
+    assert found, f"{name}: no exposure in {result.stdout[-300:]!r} {result.stderr[-300:]!r}"
+    return float(found.group(1))
+
+
+def test_every_service_unit_stays_under_the_exposure_ceiling(tmp_path: Path) -> None:
+    folder = installable_copy(tmp_path / "units")
+    scores = {name: exposure(folder, name) for name in SERVICES}
+    assert {name: score for name, score in scores.items() if score > SECURITY_CEILING} == {}
+
+
+def test_the_exposure_ceiling_refuses_a_loosened_sandbox(tmp_path: Path) -> None:
+    folder = installable_copy(tmp_path / "units")
+    unit = folder / COMPONENT_UNITS["gateway"]
+    text = unit.read_text(encoding="utf-8")
+    for old, new in RELAXED.items():
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    unit.write_text(text, encoding="utf-8")
+    assert exposure(folder, COMPONENT_UNITS["gateway"]) > SECURITY_CEILING
 
 
 # ------------------------------------------------------------------------ required settings
