@@ -173,23 +173,21 @@ class ReadinessSocket:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self.sock.setblocking(False)
 
-    def wait(self, timeout: float) -> set[int]:
-        """The process ids that said ``READY=1`` within ``timeout`` seconds (or at once, if
-        anything is waiting already)."""
+    def wait(self, timeout: float) -> list[tuple[int, list[str]]]:
+        """What the components said within ``timeout`` seconds (or at once, if anything is
+        waiting already): each message as its sender's process id and its assignments."""
         readable, _, _ = select.select([self.sock], [], [], timeout)
-        ready: set[int] = set()
+        said: list[tuple[int, list[str]]] = []
         while readable:
             try:
                 data, ancillary, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(12))
             except BlockingIOError:
                 break
-            if notify.READY not in data.decode("utf-8", "replace").splitlines():
-                continue
             for level, kind, value in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     pid, _uid, _gid = struct.unpack("3i", value[:12])
-                    ready.add(pid)
-        return ready
+                    said.append((pid, data.decode("utf-8", "replace").splitlines()))
+        return said
 
     def close(self) -> None:
         self.sock.close()
@@ -215,6 +213,9 @@ class Supervisor:
         self.readiness: ReadinessSocket | None = None
         self._watchdog = notify.watchdog_interval()
         self._pinged = 0.0
+        # When the manager watches this launcher, the launcher watches its components the
+        # same way: each pings it, and one silent for a whole interval is taken as hung.
+        self._heard: dict[int, float] = {}
 
     def _command(self, component: str) -> list[str]:
         command = [sys.executable, "-m", "core.launcher", "--runtime-config", str(self.path)]
@@ -233,6 +234,8 @@ class Supervisor:
             env.pop(name, None)
         if self.readiness is not None:
             env[notify.NOTIFY_SOCKET] = str(self.readiness.path)
+            if self._watchdog is not None:
+                env[notify.WATCHDOG_USEC] = str(round(self._watchdog * 2_000_000))
         return env
 
     def _spawn(self, component: str) -> None:
@@ -270,12 +273,37 @@ class Supervisor:
         assert self.readiness is not None
         waiting = {self.children[name].pid: name for name in components}
         while waiting and not self.stopping:
-            for pid in self.readiness.wait(0.2):
+            for pid in self._listen(0.2):
                 waiting.pop(pid, None)
             failed = self._exited()
             if failed is not None:
                 return failed
             self._ping()
+        return None
+
+    def _listen(self, timeout: float) -> set[int]:
+        """Read what the components said within ``timeout`` seconds; the ones that said
+        ``READY=1``. Any message counts as a sign of life for the watchdog."""
+        assert self.readiness is not None
+        ready: set[int] = set()
+        now = time.monotonic()
+        for pid, assignments in self.readiness.wait(timeout):
+            if notify.READY in assignments:
+                ready.add(pid)
+            if notify.READY in assignments or notify.WATCHDOG in assignments:
+                self._heard[pid] = now
+        return ready
+
+    def _hung(self) -> str | None:
+        """A component that said it serves and has not pinged for a whole watchdog
+        interval (twice the time between its pings), if the manager asked for a watchdog."""
+        if self._watchdog is None:
+            return None
+        silent = time.monotonic() - 2 * self._watchdog
+        for name, child in self.children.items():
+            heard = self._heard.get(child.pid)
+            if heard is not None and heard < silent:
+                return name
         return None
 
     def stop(self) -> None:
@@ -300,6 +328,8 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._signal)
         wanted = RECOVERY_ONLY if self.recovery_only else START_ORDER
         behind = tuple(name for name in wanted if name != "gateway")
+        failed: tuple[str, int] | None = None
+        hung: str | None = None
         self.readiness = ReadinessSocket()
         try:
             self.start(behind)
@@ -309,16 +339,27 @@ class Supervisor:
                 failed = self._await_ready(("gateway",))
             if failed is None and not self.stopping:
                 notify.notify(f"{notify.READY}\nSTATUS=serving ({', '.join(wanted)})")
-            while not self.stopping and failed is None:
+            while not self.stopping and failed is None and hung is None:
                 failed = self._exited()
-                if failed is None:
+                hung = self._hung()
+                if failed is None and hung is None:
                     self._ping()
                     # Waking 5 times a second keeps SIGTERM handling and exit detection
                     # prompt; os.wait would race with Popen's own bookkeeping.
-                    time.sleep(0.2)
+                    self._listen(0.2)
+            if hung is not None:
+                # Its event loop does not turn: it cannot act on SIGTERM either.
+                self.children[hung].kill()
             self.stop()
         finally:
             self.readiness.close()
+        if hung is not None:
+            assert self._watchdog is not None
+            sys.stderr.write(
+                f"coordinator: the {hung} component stopped answering (no watchdog ping in "
+                f"{2 * self._watchdog:g} s); stopped every component\n"
+            )
+            return 1
         if failed is not None:
             name, code = failed
             sys.stderr.write(

@@ -19,7 +19,7 @@ import yaml
 
 from devstack.postgres import DatabaseHandle
 from devstack.stack import wait_until
-from tests.helpers.faults import WAIT_SECONDS, FaultStack, fault_stack, wait_exit
+from tests.helpers.faults import WAIT_SECONDS, FaultStack, component_pid, fault_stack, wait_exit
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +138,27 @@ def test_a_component_alone_says_ready_after_it_serves_and_pings_the_watchdog(
     assert wait_exit(component, WAIT_SECONDS) == 0
     stopped = [line for message in manager.pending() for line in message]
     assert "STOPPING=1" in stopped
+
+
+def test_a_component_that_stops_answering_takes_the_instance_down_under_a_watchdog(
+    stack: FaultStack, manager: Manager
+) -> None:
+    # The manager watches the launcher every 3 s; the launcher watches its components so.
+    env = {**stack.env(), "NOTIFY_SOCKET": str(manager.path), "WATCHDOG_USEC": "3000000"}
+    launcher = stack.local.start_coordinator(name="coordinator-watched", env=env, wait_ready=False)
+    manager.until("READY=1")
+    # Healthy, the instance keeps pinging its manager.
+    assert manager.next(timeout=5) == ["WATCHDOG=1"]
+    dispatcher = component_pid(launcher, "dispatcher")
+    os.kill(dispatcher, signal.SIGSTOP)  # alive, but its event loop no longer turns
+    try:
+        assert wait_exit(launcher, WAIT_SECONDS) == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(dispatcher, signal.SIGKILL)
+    log = stack.log_of(launcher)
+    assert (
+        "coordinator: the dispatcher component stopped answering (no watchdog ping in 3 s)" in log
+    )
+    said = [line for message in manager.pending() for line in message]
+    assert "STOPPING=1" in said
