@@ -731,8 +731,10 @@ def test_the_check_rejects_a_broken_503(variant: str) -> None:
     assert any(fault.startswith(EXPECTED_503_FAULT[variant]) for fault in faults), faults
 
 
-def _session(over_limit: Callable[[], float | None], answer: Answer) -> FuzzSession:
-    target = Target(
+def offline_target() -> Target:
+    """A fuzz target at a port nothing serves: for session tests whose answers come from a
+    mock transport."""
+    return Target(
         base_url="http://127.0.0.1:9",
         metrics_url="http://127.0.0.1:9",
         producer_token="p" * 16,
@@ -746,6 +748,10 @@ def _session(over_limit: Callable[[], float | None], answer: Answer) -> FuzzSess
         inputs={},
         event_workflow="none",
     )
+
+
+def _session(over_limit: Callable[[], float | None], answer: Answer) -> FuzzSession:
+    target = offline_target()
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(answer.status, headers=dict(answer.headers), content=answer.body)
@@ -865,20 +871,7 @@ def test_the_check_knows_head_answers_and_the_readiness_document() -> None:
 
 
 def test_the_session_counts_a_500_and_keeps_its_fault() -> None:
-    target = Target(
-        base_url="http://127.0.0.1:9",
-        metrics_url="http://127.0.0.1:9",
-        producer_token="p" * 16,
-        operator_token="o" * 16,
-        completion_token="c" * 16,
-        completion_binding="binding-0001",
-        event_source="urn:fuzz",
-        event_key=b"k" * 32,
-        run_ids=[],
-        workflow_ids=[],
-        inputs={},
-        event_workflow="none",
-    )
+    target = offline_target()
     kept: list[int] = []
     session = FuzzSession(target, SECRETS, lambda _, response: kept.append(response.status_code))
     planned = Planned(
