@@ -370,8 +370,20 @@ class Supervisor:
         return 0
 
 
+GRPC_VERBOSITY_DEFAULT = "ERROR"
+
+
+def quiet_grpc(environ: dict[str, str] | os._Environ[str]) -> None:
+    """gRPC's own log lines go to stderr as they are, outside the coordinator's log format,
+    and since gRPC logs through absl it prints INFO lines too (every refused handshake of a
+    peer without the internal certificate). Keep its errors only, unless the operator chose
+    a level with ``GRPC_VERBOSITY``. Before any component imports grpc; children inherit it."""
+    environ.setdefault("GRPC_VERBOSITY", GRPC_VERBOSITY_DEFAULT)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Parse arguments and run all components, or one."""
+    quiet_grpc(os.environ)
     args = _parser().parse_args(argv)
     if args.version:
         print(__version__)

@@ -41,3 +41,14 @@ def test_the_watchdog_is_pinged_at_half_its_interval_and_only_by_the_process_it_
     for value in ("", "0", "-5", "soon"):
         assert watchdog_interval({"WATCHDOG_USEC": value}) is None
     assert watchdog_interval({}) is None
+
+
+def test_the_launcher_keeps_grpcs_own_lines_to_errors_unless_told_otherwise() -> None:
+    from core.launcher import GRPC_VERBOSITY_DEFAULT, quiet_grpc
+
+    unset: dict[str, str] = {}
+    quiet_grpc(unset)
+    assert unset == {"GRPC_VERBOSITY": GRPC_VERBOSITY_DEFAULT} == {"GRPC_VERBOSITY": "ERROR"}
+    chosen = {"GRPC_VERBOSITY": "INFO"}
+    quiet_grpc(chosen)
+    assert chosen == {"GRPC_VERBOSITY": "INFO"}
