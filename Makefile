@@ -11,12 +11,13 @@ OIDC_STAMP := .cache/oidc-provider/.ready
 BROWSER_STAMP := .cache/browser/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres oidc-provider browser systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel
+.PHONY: help venv postgres oidc-provider browser systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel wheels deploy-host deploy-test
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
+	@echo "make deploy-test compose.yaml and the systemd units run for real (root; part of make test)"
 	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
 	@echo "make browser     the pinned headless Chromium the console's browser tests drive"
@@ -26,6 +27,7 @@ help:
 	@echo "make bench       benchmarks (not tests)"
 	@echo "make soak        10 minutes of steady runs among 1,000,000 waiting ones (not a test)"
 	@echo "make wheel       dist/registry_coordinator-<version>-py3-none-any.whl, the runtime packages"
+	@echo "make wheels      dist/wheels: the lock's files, for an install or image build without an index"
 	@echo "make lock        rewrite deploy/requirements.lock: the runtime dependencies, pinned with hashes"
 
 # The virtual environment is rebuilt when pyproject.toml changes.
@@ -76,7 +78,18 @@ systemd-analyze:
 	  fi; \
 	}
 
-test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze
+# The deploy tests (tests/deploy_live) run compose.yaml and the systemd units for real, on a
+# Docker Engine they start themselves. deploy-host gets what they need: as root, Debian's
+# docker.io and debootstrap from apt (anyone else is told what to install), and Compose v2,
+# a pinned file checked by its SHA-256 (devstack/containers.py). The images are built from
+# `make wheel wheels`, with no network.
+deploy-host: $(STAMP)
+	$(BIN)/python -m devstack.containers host
+
+deploy-test: $(STAMP) $(PG_STAMP) deploy-host wheel wheels
+	$(BIN)/python -m pytest tests/deploy_live $(PYTEST_ARGS)
+
+test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze deploy-host wheel wheels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Not in `make test`: the reliability tier (tests/reliability) with its long variants switched on.
@@ -142,10 +155,17 @@ $(WHEEL_TOOL)/bin/python:
 	$(PYTHON) -m venv $(WHEEL_TOOL)
 
 wheel: | $(WHEEL_TOOL)/bin/python
-	rm -rf build
+	rm -rf build dist/registry_coordinator-*-py3-none-any.whl
 	$(WHEEL_TOOL)/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps \
 	  --wheel-dir dist .
 	@ls -t dist/registry_coordinator-*-py3-none-any.whl | head -n 1
+
+# dist/wheels/: every file deploy/requirements.lock names for this machine's platform and
+# Python, fetched and hash-checked, for an install or an image build with no package index
+# (`pip install --no-index --find-links dist/wheels`; the Dockerfile uses it when present).
+wheels: | $(WHEEL_TOOL)/bin/python
+	$(WHEEL_TOOL)/bin/python -m pip download --quiet --disable-pip-version-check --require-hashes \
+	  --no-deps --only-binary=:all: -r deploy/requirements.lock -d dist/wheels
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -522,6 +522,7 @@ async def _read_form(request: Request) -> dict[str, list[str]]:
 
 # ---------------------------------------------------------------------------------------------
 # Command line: python -m devstack.issuer --state DIR --clients FILE --bind HOST:PORT
+# [--certificate PEM --key PEM]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -533,7 +534,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=Path, required=True, help="client registrations (JSON)")
     parser.add_argument("--bind", default="127.0.0.1:9100", help="HOST:PORT to listen on")
     parser.add_argument("--issuer-url", help="issuer URL when creating a new state folder")
+    parser.add_argument("--certificate", type=Path, help="serve HTTPS with this PEM chain")
+    parser.add_argument("--key", type=Path, help="the certificate's private key (PEM)")
     args = parser.parse_args(argv)
+    if (args.certificate is None) != (args.key is None):
+        parser.error("--certificate and --key go together")
     host, _, port = args.bind.rpartition(":")
     try:
         if args.issuer_url:
@@ -545,7 +550,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devstack.issuer: {exc}", file=sys.stderr)
         return 1
     issuer = DevIssuer(state, clients)
-    uvicorn.run(issuer.app, host=host, port=int(port), log_level="warning", lifespan="off")
+    uvicorn.run(
+        issuer.app,
+        host=host,
+        port=int(port),
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=None if args.certificate is None else str(args.certificate),
+        ssl_keyfile=None if args.key is None else str(args.key),
+    )
     return 0
 
 

@@ -99,9 +99,28 @@ def fixed_address(service: dict[str, Any]) -> str | None:
     return address
 
 
-def subnet_and_range(compose: dict[str, Any]) -> tuple[Any, Any]:
-    (config,) = compose["networks"]["coordinator"]["ipam"]["config"]
+def outbound_address(service: dict[str, Any]) -> str | None:
+    networks = service.get("networks", [])
+    if isinstance(networks, list):
+        return None
+    address: str | None = (networks.get("outbound") or {}).get("ipv4_address")
+    return address
+
+
+def subnet_and_range(compose: dict[str, Any], network: str = "coordinator") -> tuple[Any, Any]:
+    (config,) = compose["networks"][network]["ipam"]["config"]
     return ipaddress.ip_network(config["subnet"]), ipaddress.ip_network(config["ip_range"])
+
+
+def postgres_probe(service: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """The mark file and the pg_isready options of postgres's health check."""
+    test = service["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and len(test) == 2, test
+    mark = re.search(r"^test -f (\S+)\s", test[1])
+    probe = re.search(r"pg_isready((?: --[a-z]+=\S+)+)\s*$", test[1])
+    assert mark is not None and probe is not None, test[1]
+    options = dict(word.removeprefix("--").split("=") for word in probe[1].split())
+    return mark[1], options
 
 
 def mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
@@ -217,17 +236,63 @@ def test_the_schema_refuses_a_broken_copy(
     assert any(path[: len(where)] == where for path in paths), paths
 
 
-def test_the_recovery_only_overlay_adds_the_flag_to_gateway_recovery_and_auditd(
-    validator: Draft7Validator, services: dict[str, Any], readme: str
+def _from_top(service: dict[str, Any]) -> dict[str, Any]:
+    """A service of recovery-only.yaml with its paths as compose.yaml (one folder up) names
+    them."""
+    moved = dict(service)
+    moved["volumes"] = [
+        "./deploy/compose/" + v.removeprefix("./") if v.startswith("./") else v
+        for v in service.get("volumes", [])
+    ]
+    return moved
+
+
+def test_the_recovery_only_file_holds_nothing_that_admits_or_dispatches(
+    validator: Draft7Validator, compose: dict[str, Any], services: dict[str, Any], readme: str
 ) -> None:
-    overlay = load_yaml(HERE / "recovery-only.yaml")
-    assert [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(overlay)] == []
-    maintenance = {"gateway", "recovery", "auditd"}  # CONTRACT §2.1: --recovery-only
-    assert set(overlay["services"]) == maintenance
-    for name, service in overlay["services"].items():
-        assert service == {"command": [*services[name]["command"], "--recovery-only"]}, name
-    started = re.search(r"recovery-only\.yaml \\\n\s+up -d --no-deps ([a-z ]+)\n", readme)
-    assert started is not None and set(started[1].split()) == maintenance
+    maintenance = load_yaml(HERE / "recovery-only.yaml")
+    assert [
+        f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(maintenance)
+    ] == []
+    assert maintenance["name"] == compose["name"]
+    found = maintenance["services"]
+    # CONTRACT §2.1: --recovery-only serves gateway, recovery and auditd.
+    assert set(found) == {
+        "postgres",
+        *(f"maintenance-{n}" for n in ("auditd", "recovery", "gateway")),
+    }
+    for name in ("auditd", "recovery", "gateway"):
+        mine, theirs = _from_top(found[f"maintenance-{name}"]), services[name]
+        assert mine["command"] == [*theirs["command"], "--recovery-only"], name
+        same = {
+            "image",
+            "user",
+            "read_only",
+            "tmpfs",
+            "cap_drop",
+            "security_opt",
+            "volumes",
+            "networks",
+            "healthcheck",
+            "stop_grace_period",
+            "restart",
+            "ports",
+        }
+        for key in same:
+            assert mine.get(key) == theirs.get(key), (name, key)
+        for dependency in mine["depends_on"]:
+            assert dependency == "postgres" or dependency.startswith("maintenance-"), dependency
+    postgres = _from_top(found["postgres"])
+    for key in set(postgres) | set(services["postgres"]):
+        if key != "depends_on":
+            # The image is the operator's choice in each file, but the same one.
+            assert postgres.get(key) == services["postgres"].get(key), key
+    assert "depends_on" not in postgres
+    for network, definition in maintenance["networks"].items():
+        assert definition == compose["networks"][network], network
+    assert set(maintenance["volumes"]) < set(compose["volumes"])
+    assert "apply-secrets" not in maintenance["volumes"]
+    assert "docker compose -f deploy/compose/recovery-only.yaml up -d\n" in readme
 
 
 def test_compose_interpolates_nothing() -> None:
@@ -270,9 +335,10 @@ def test_the_runtime_names_the_services_fixed_addresses(
     assert set(internal["addresses"]) == set(WITH_GRPC)
     for component, address in internal["addresses"].items():
         assert host_port(address)[0] == fixed_address(services[component]), component
-    gateway = fixed_address(services["gateway"])
-    assert host_port(deployment["listener"]["bind"])[0] == gateway
-    assert host_port(deployment["metricsListener"]["bind"])[0] == gateway
+    # The API on the gateway's outbound address (where the published port arrives), its
+    # metrics on the internal network.
+    assert host_port(deployment["listener"]["bind"])[0] == outbound_address(services["gateway"])
+    assert host_port(deployment["metricsListener"]["bind"])[0] == fixed_address(services["gateway"])
 
 
 def test_the_readmes_table_of_what_runs_matches_compose_and_the_runtime_file(
@@ -287,14 +353,15 @@ def test_the_readmes_table_of_what_runs_matches_compose_and_the_runtime_file(
         if address is None:
             assert not rows[name][0].isdigit(), name
         else:
-            assert rows[name].strip() == address, name
+            assert rows[name].strip().split(",")[0] == address, name
     internal = runtime["deployment"]["internal"]
     for component, address in internal["addresses"].items():
         row = re.search(rf"^\| `{component}` \|.*\| gRPC (\d+), metrics (\d+) \|$", readme, re.M)
         assert row is not None, component
         assert (int(row[1]), int(row[2])) == (host_port(address)[1], internal["metricsPort"])
-    subnet, dynamic = subnet_and_range(compose)
-    assert f"`coordinator` ({subnet})" in readme and f"an address from {dynamic}." in readme
+    for network in ("coordinator", "outbound"):
+        subnet, dynamic = subnet_and_range(compose, network)
+        assert f"`{network}` ({subnet})" in readme and str(dynamic) in readme
 
 
 def test_ports_agree_with_health_checks_prometheus_and_publishing(
@@ -393,20 +460,28 @@ def test_start_order_prepare_then_postgres_then_apply_then_the_components(
     services: dict[str, Any],
 ) -> None:
     for name, service in services.items():
-        if name != "prepare":
+        if name not in ("prepare", "apply"):
             condition = service["depends_on"]["prepare"]["condition"]
             assert condition == "service_completed_successfully", name
     assert services["prepare"]["restart"] == "no" and "depends_on" not in services["prepare"]
-    assert services["apply"]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    # apply waits for prepare through postgres, so a one-off `run` of apply needs no copy.
+    assert services["apply"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     for name in COMPONENTS:
         assert services[name]["depends_on"]["apply"] == {
             "condition": "service_completed_successfully"
         }
     for name in WITH_GRPC:
         assert services["gateway"]["depends_on"][name] == {"condition": "service_healthy"}
-    healthcheck = services["postgres"]["healthcheck"]["test"]
-    assert healthcheck[:2] == ["CMD", "pg_isready"] and "--host=127.0.0.1" in healthcheck
-    assert "--port=5432" in healthcheck
+    # Healthy only once the init script finished (its last line writes the mark) and the
+    # real server answers on TCP.
+    mark, probe = postgres_probe(services["postgres"])
+    assert (probe["host"], probe["port"]) == ("127.0.0.1", "5432")
+    text = INIT_SCRIPT.read_text("utf-8")
+    last = [line for line in text.splitlines() if line.strip() and not line.startswith("#")][-1]
+    assert last == f'touch "$PGDATA/{Path(mark).name}" || exit 1'
+    assert services["postgres"]["environment"].get("PGDATA", "/var/lib/postgresql/data") == str(
+        Path(mark).parent
+    )
 
 
 def test_every_secret_is_made_by_the_readme_and_copied_by_prepare(
@@ -498,10 +573,7 @@ def test_the_init_script_creates_the_roles_the_contract_asks_for(
         for line in PG_HBA.read_text("utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    probe = dict(
-        word.removeprefix("--").split("=")
-        for word in compose["services"]["postgres"]["healthcheck"]["test"][2:]
-    )
+    _, probe = postgres_probe(compose["services"]["postgres"])
     assert sorted(rules) == sorted(
         [
             ["local", "all", "postgres", "peer"],
@@ -796,3 +868,13 @@ def test_prepare_needs_the_capabilities_it_is_given(
     source, volumes = prepare_input
     fewer = [c for c in services["prepare"]["cap_add"] if c != "CHOWN"]
     assert run_prepare(services, source, volumes, fewer).returncode != 0
+
+
+def test_one_service_builds_the_image_every_coordinator_service_runs(
+    services: dict[str, Any],
+) -> None:
+    builders = [name for name, service in services.items() if "build" in service]
+    assert builders == ["prepare"]
+    image = services["prepare"]["image"]
+    for name in COORDINATOR_SERVICES:
+        assert services[name]["image"] == image, name

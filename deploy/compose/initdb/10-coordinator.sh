@@ -46,3 +46,8 @@ GRANT CONNECT ON DATABASE coordinator TO coordinator_runtime;
 REVOKE ALL ON DATABASE postgres FROM PUBLIC;
 REVOKE ALL ON DATABASE template1 FROM PUBLIC;
 SQL
+
+# Last: the mark compose.yaml's health check looks for. A first start that failed above
+# leaves a data folder the image will not initialise again; without this file the server
+# never reports healthy, and apply never runs against a database without its roles.
+touch "$PGDATA/registry-coordinator-initialised" || exit 1
