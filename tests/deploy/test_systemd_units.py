@@ -52,13 +52,24 @@ TARGET = "registry-coordinator.target"
 COMPONENT_UNITS = {name: f"registry-coordinator-{name}.service" for name in START_ORDER}
 ALL_IN_ONE = "registry-coordinator.service"
 MAINTENANCE = "registry-coordinator-recovery-only.service"
-SERVICES = (*COMPONENT_UNITS.values(), ALL_IN_ONE, MAINTENANCE)
+# More dispatchers, one instance each (registry-coordinator-dispatcher@2.service, ...).
+TEMPLATE = "registry-coordinator-dispatcher@.service"
+# The Type=notify services.
+SERVICES = (*COMPONENT_UNITS.values(), TEMPLATE, ALL_IN_ONE, MAINTENANCE)
 JOURNAL_UNITS = (COMPONENT_UNITS["auditd"], ALL_IN_ONE, MAINTENANCE)
+# `coordinatorctl apply`, once, before the components: the only unit that sees the
+# migration URL.
+APPLY = "registry-coordinator-apply.service"
+INSTALLED_CTL = "/opt/registry-coordinator/bin/coordinatorctl"
+APPLY_SECRETS = "/etc/registry-coordinator/apply-secrets"
+# Every unit that runs components needs apply done first.
+AFTER_APPLY = (*COMPONENT_UNITS.values(), TEMPLATE, ALL_IN_ONE)
 
 JOURNAL_DIR = "/var/lib/registry-coordinator"
 # The secret folder the README asks for, and the one the runbook's examples use.
 SECRET_FOLDERS = (
     Path("/etc/registry-coordinator/secrets"),
+    Path(APPLY_SECRETS),
     Path("/run/registry-coordinator/secrets"),
 )
 # The directives by which systemd creates, chowns (and for /run removes) folders.
@@ -211,7 +222,7 @@ def verify_problems(folder: Path) -> list[str]:
 def test_systemd_analyze_verify_accepts_every_unit(tmp_path: Path) -> None:
     folder = installable_copy(tmp_path / "units")
     names = sorted(path.name for path in folder.iterdir())
-    assert names == sorted([*SERVICES, TARGET])
+    assert names == sorted([*SERVICES, APPLY, TARGET])
     assert verify_problems(folder) == []
 
 
@@ -262,14 +273,16 @@ def exposure(folder: Path, name: str) -> float:
         timeout=60,
         check=False,
     )
-    found = re.search(rf"Overall exposure level for {re.escape(name)}: ([0-9.]+)", result.stdout)
+    # A template is rated as an instance of itself (name@i.service).
+    rated = re.escape(name).replace("@", "@i?")
+    found = re.search(rf"Overall exposure level for {rated}: ([0-9.]+)", result.stdout)
     assert found, f"{name}: no exposure in {result.stdout[-300:]!r} {result.stderr[-300:]!r}"
     return float(found.group(1))
 
 
 def test_every_service_unit_stays_under_the_exposure_ceiling(tmp_path: Path) -> None:
     folder = installable_copy(tmp_path / "units")
-    scores = {name: exposure(folder, name) for name in SERVICES}
+    scores = {name: exposure(folder, name) for name in (*SERVICES, APPLY)}
     assert {name: score for name, score in scores.items() if score > SECURITY_CEILING} == {}
 
 
@@ -300,19 +313,79 @@ def test_every_service_unit_has_the_required_settings(name: str) -> None:
         assert key not in service, f"{name}: {key}= widens what the unit may write"
 
 
-@pytest.mark.parametrize("name", SERVICES)
+@pytest.mark.parametrize("name", (*SERVICES, APPLY))
 def test_only_the_journal_units_write_the_state_folder(name: str) -> None:
     unit = read_unit(name)
+    hidden = listed(unit, "Service", "InaccessiblePaths")
     if name in JOURNAL_UNITS:
         assert last(unit, "Service", "StateDirectory") == "registry-coordinator"
         assert last(unit, "Service", "StateDirectoryMode") == "0700"
-        assert "InaccessiblePaths" not in unit["Service"]
+        assert f"-{JOURNAL_DIR}" not in hidden
     else:
         assert "StateDirectory" not in unit["Service"]
-        assert listed(unit, "Service", "InaccessiblePaths") == {f"-{JOURNAL_DIR}"}
+        assert f"-{JOURNAL_DIR}" in hidden
+
+
+@pytest.mark.parametrize("name", (*SERVICES, APPLY))
+def test_only_the_apply_unit_sees_the_migration_url(name: str) -> None:
+    # apply-secrets holds the migration URL (and the rest of what apply reads); apply alone
+    # sees it, in place of the secrets folder, so one runtime file serves every unit.
+    service = read_unit(name)["Service"]
+    hidden = listed(read_unit(name), "Service", "InaccessiblePaths") - {f"-{JOURNAL_DIR}"}
+    if name == APPLY:
+        assert hidden == set()
+        assert service["BindReadOnlyPaths"] == [f"{APPLY_SECRETS}:{SECRET_FOLDERS[0]}"]
+    else:
+        assert hidden == {f"-{APPLY_SECRETS}"}
+        assert "BindReadOnlyPaths" not in service and "BindPaths" not in service
+
+
+APPLY_REQUIRED = {
+    **{key: value for key, value in REQUIRED.items() if not key.startswith("RuntimeDirectory")},
+    "Type": "oneshot",
+    "RemainAfterExit": "yes",
+    "TimeoutStartSec": "30min",
+    "Restart": "no",
+}
+for _notify_only in ("NotifyAccess", "WatchdogSec", "KillMode", "KillSignal", "TimeoutStopSec"):
+    del APPLY_REQUIRED[_notify_only]
+
+
+def test_the_apply_unit_is_a_sandboxed_oneshot() -> None:
+    unit = read_unit(APPLY)
+    service = unit["Service"]
+    wrong = {
+        key: service.get(key, ["<missing>"])[-1]
+        for key, value in APPLY_REQUIRED.items()
+        if service.get(key, ["<missing>"])[-1] != value
+    }
+    assert wrong == {}
+    for key in (*WIDENING, *MANAGED_FOLDERS):
+        assert key not in service, f"{APPLY}: {key}= widens what the unit may write"
+    assert shlex.split(service["ExecStart"][0]) == [
+        INSTALLED_CTL,
+        "--runtime-config",
+        INSTALLED_RUNTIME,
+        "apply",
+    ]
+    # Pulled in by the units that need it, never enabled or started on its own.
+    assert "Install" not in unit
 
 
 @pytest.mark.parametrize("name", SERVICES)
+def test_components_start_only_after_apply_succeeded(name: str) -> None:
+    unit = read_unit(name)
+    if name in AFTER_APPLY:
+        # Requires= with After=: a failed apply fails their start; a restart of apply
+        # restarts them after it.
+        assert APPLY in listed(unit, "Unit", "Requires")
+        assert APPLY in listed(unit, "Unit", "After")
+    else:
+        # The maintenance instance runs on a restored database: it never applies.
+        assert APPLY not in listed(unit, "Unit", "Requires") | listed(unit, "Unit", "Wants")
+
+
+@pytest.mark.parametrize("name", (*SERVICES, APPLY))
 def test_no_unit_manages_a_folder_that_holds_secrets(name: str) -> None:
     # systemd chowns the folders these directives name when a unit starts, and removes a
     # RuntimeDirectory= when it stops: none may be a secret folder or a parent of one.
@@ -331,6 +404,7 @@ def test_no_unit_manages_a_folder_that_holds_secrets(name: str) -> None:
 def test_each_service_runs_the_installed_binary_with_the_runtime_file() -> None:
     base = [INSTALLED_BINARY, "--runtime-config", INSTALLED_RUNTIME]
     expected = {unit: [*base, "--component", name] for name, unit in COMPONENT_UNITS.items()}
+    expected[TEMPLATE] = [*base, "--component", "dispatcher"]
     expected[ALL_IN_ONE] = base
     expected[MAINTENANCE] = [*base, "--recovery-only"]
     assert {name: exec_start(name) for name in SERVICES} == expected
@@ -344,11 +418,30 @@ def test_the_component_units_start_in_the_launchers_order_as_part_of_the_target(
         unit = read_unit(COMPONENT_UNITS[name])
         assert listed(unit, "Unit", "PartOf") == {TARGET}
         earlier = {COMPONENT_UNITS[before] for before in START_ORDER[:position]}
-        assert listed(unit, "Unit", "After") - {"network-online.target"} == earlier
+        assert listed(unit, "Unit", "After") - {"network-online.target", APPLY} == earlier
         if name != "auditd":
             assert COMPONENT_UNITS["auditd"] in listed(unit, "Unit", "Wants")
         # Started through the target only: an [Install] here would let one be enabled alone.
         assert "Install" not in unit
+
+
+def test_the_dispatcher_template_runs_beside_the_dispatcher_unit_in_the_target() -> None:
+    template = read_unit(TEMPLATE)
+    dispatcher = read_unit(COMPONENT_UNITS["dispatcher"])
+    # The same service, only described per instance and installable into the target.
+    assert template["Service"] == dispatcher["Service"]
+    assert "%i" in (last(template, "Unit", "Description") or "")
+    assert listed(template, "Unit", "PartOf") == {TARGET}
+    assert listed(template, "Unit", "After") == listed(dispatcher, "Unit", "After")
+    assert last(template, "Install", "WantedBy") == TARGET
+    # What the gateway's and the target's After= say of the dispatcher unit, the template
+    # says from its side: instances are ready before the gateway starts and the target is
+    # reached.
+    assert listed(template, "Unit", "Before") >= {COMPONENT_UNITS["gateway"], TARGET}
+    # The other two ways to run cannot name instances in their Conflicts=: the template
+    # names them, ordered so that the stop completes first.
+    assert listed(template, "Unit", "Conflicts") == {ALL_IN_ONE, MAINTENANCE}
+    assert listed(template, "Unit", "Before") >= {ALL_IN_ONE, MAINTENANCE}
 
 
 def test_the_three_ways_to_run_exclude_each_other() -> None:
