@@ -53,7 +53,9 @@ DOCKER = Path("/usr/bin/docker")
 DOCKERD = Path("/usr/sbin/dockerd")
 
 BASE_RELEASE = "bookworm"
-# Python 3.11 with venv for the coordinator; the libraries psql needs for PostgreSQL's image.
+# Python 3.11 with venv for the coordinator; the libraries psql needs for PostgreSQL's image;
+# systemd, so that the systemd tests boot the very image the compose tests run (one
+# debootstrap, about 50 s, instead of two; nothing starts systemd in the other images).
 BASE_PACKAGES = (
     "python3",
     "python3-venv",
@@ -61,6 +63,9 @@ BASE_PACKAGES = (
     "libreadline8",
     "libgssapi-krb5-2",
     "libssl3",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
 )
 BASE_IMAGE = f"registry-coordinator-base:{BASE_RELEASE}"
 POSTGRES_IMAGE = "registry-coordinator-postgres:17-test"
@@ -184,6 +189,10 @@ def compose_binary() -> Path:
 # ---------------------------------------------------------------------------------- engine
 
 
+# The daemons this process started, by socket: kept so that stop() can wait for them.
+_DAEMONS: dict[Path, subprocess.Popen[bytes]] = {}
+
+
 @dataclass(frozen=True)
 class Engine:
     """A Docker daemon of the deploy tests: its own socket, data and execution folders."""
@@ -240,7 +249,7 @@ class Engine:
         run.mkdir(parents=True, exist_ok=True)
         self.data.mkdir(parents=True, exist_ok=True)
         log = (CACHE / "dockerd.log").open("ab")
-        subprocess.Popen(
+        _DAEMONS[self.socket] = subprocess.Popen(
             [
                 str(DOCKERD),
                 f"--host=unix://{self.socket}",
@@ -266,7 +275,17 @@ class Engine:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        """Stop the daemon this class started (by its pid file), waiting for it to end."""
+        """Stop the daemon this class started (this process, or by its pid file an earlier
+        one), waiting for it to end."""
+        process = _DAEMONS.pop(self.socket, None)
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            return
         pidfile = self.socket.parent / "dockerd.pid"
         try:
             pid = int(pidfile.read_text().strip())

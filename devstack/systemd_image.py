@@ -3,11 +3,11 @@
 ``tests/deploy_live/test_systemd_boot.py`` uses it. Everything runs on the deploy tests'
 private Docker daemon (:class:`devstack.containers.Engine`) and is named ``rc-systemd-…``:
 
-- **the image** (:func:`systemd_image`): Debian 12 made with ``debootstrap`` with systemd
-  252 as its init (:func:`devstack.containers.base_rootfs`, cached per package list), the
+- **the image** (:func:`systemd_image`): the coordinator's own image
+  (:func:`devstack.containers.coordinator_image`: the project's ``Dockerfile`` from ``dist/``
+  and the lock on the ``debootstrap`` Debian 12 base, which carries systemd 252), so the
   ``coordinator`` account (uid/gid :data:`COORDINATOR_UID`) and the virtual environment at
-  ``/opt/registry-coordinator``, both made by the project's own ``Dockerfile`` from
-  ``dist/`` and the lock (``make wheel wheels`` first), and the units in
+  ``/opt/registry-coordinator`` are the ones the compose tests run, and the units in
   :data:`UNIT_DIR`, where an operator installs them, so that ``systemctl mask`` can put its
   link in ``/etc/systemd/system``. Built with no network.
 - **PostgreSQL 17** (:func:`start_postgres`): a container of
@@ -46,22 +46,19 @@ import yaml
 
 from core.workflow.package import build_package
 from devstack.containers import (
-    BASE_PACKAGES,
-    BASE_RELEASE,
     CACHE,
     CHECKOUT,
+    COORDINATOR_IMAGE,
     POSTGRES_IMAGE,
     Engine,
     HostError,
-    base_rootfs,
-    import_rootfs,
+    coordinator_image,
     postgres_image,
 )
 from devstack.issuer import generate_private_jwk, public_jwk
 from devstack.postgres_tls import CertificateAuthority
 
 PREFIX = "rc-systemd-"
-SYSTEMD_PACKAGES = (*BASE_PACKAGES, "systemd", "systemd-sysv", "dbus")
 IMAGE = f"{PREFIX}coordinator:test"
 NETWORK = f"{PREFIX}net"
 HOST = f"{PREFIX}host"
@@ -121,23 +118,11 @@ RUN_OPTIONS = (
 # ---------------------------------------------------------------------------------- images
 
 
-def systemd_base_image(engine: Engine) -> str:
-    """The Debian rootfs with systemd, imported into ``engine`` once per package list."""
-    tarball = base_rootfs(BASE_RELEASE, SYSTEMD_PACKAGES)
-    tag = f"{PREFIX}base:{BASE_RELEASE}-{tarball.stem.rsplit('-', 1)[-1]}"
-    return import_rootfs(engine, tarball, tag)
-
-
 def systemd_image(engine: Engine) -> float:
-    """Build :data:`IMAGE`: the project's Dockerfile (from ``dist/`` and the lock) on the
-    systemd base, then the units; answers the seconds both builds took."""
-    dist = CHECKOUT / "dist"
-    wheels = list(dist.glob("registry_coordinator-*-py3-none-any.whl"))
-    if len(wheels) != 1 or not (dist / "wheels").is_dir():
-        raise HostError("dist/ must hold one wheel and dist/wheels: run `make wheel wheels`")
-    base = systemd_base_image(engine)
-    installed = f"{PREFIX}installed:test"
-    seconds = engine.build(CHECKOUT, installed, args={"PYTHON_IMAGE": base})
+    """Build :data:`IMAGE`: the units on the coordinator's own image (the project's
+    Dockerfile from ``dist/`` and the lock, on the Debian base, which carries systemd);
+    answers the seconds the builds took."""
+    seconds = coordinator_image(engine)
     CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE, prefix="systemd-context-") as scratch:
         context = Path(scratch)
@@ -146,7 +131,7 @@ def systemd_image(engine: Engine) -> float:
         for unit in sorted(UNITS.iterdir()):
             if unit.suffix in (".service", ".target"):
                 shutil.copy2(unit, context / "units" / unit.name)
-        return seconds + engine.build(context, IMAGE, args={"COORDINATOR_IMAGE": installed})
+        return seconds + engine.build(context, IMAGE, args={"COORDINATOR_IMAGE": COORDINATOR_IMAGE})
 
 
 # ------------------------------------------------------------------------------ containers
