@@ -211,7 +211,7 @@ def read_tail(path: Path) -> JournalTail:
     Refuses with :class:`TornTail` when the last line is incomplete or not a JSON object,
     and with ``audit.journal-broken`` (naming the file and line) when the last complete
     record or the segment record in force cannot be read. It does not verify the whole
-    chain: ``python -m auditd.verify`` does that.
+    chain: ``coordinatorctl audit verify`` does that.
     """
     with path.open("rb") as handle:
         tail, torn = scan(handle, path)

@@ -16,7 +16,7 @@ stopped. In this order:
    ``sealed``, no caller) whose ``reason`` is ``bytes:<count>:sha256:<hex digest>`` of the
    torn bytes, never their content; cut the file after it and fsync.
 
-The record continues the chain, so ``python -m auditd.verify`` accepts the sealed journal,
+The record continues the chain, so ``coordinatorctl audit verify`` accepts the sealed journal,
 and the side file can be matched to the record by its digest. A crash during step 4 leaves
 at worst another torn tail, and running the command again seals that.
 """

@@ -1,13 +1,17 @@
-"""Check an audit journal's hash chain and sequence without the audit key.
+"""Check an audit journal's hash chain, sequence and record shapes without the audit key.
 
-Usage: ``python -m auditd.verify FILE``. Exit 0 when every line is a well-formed record in
-canonical form, ``seq`` runs 1, 2, 3, … and each ``prev`` is the SHA-256 of the line before
-it; exit 1 naming the first line that breaks a rule.
+``coordinatorctl audit verify --audit-file FILE [--from-seq N]`` runs it (``python -m
+auditd.verify FILE`` too, for a checkout). It passes when every line is a well-formed record
+in canonical form, ``seq`` runs 1, 2, 3, … and each ``prev`` is the SHA-256 of the line
+before it; otherwise it names the first record that breaks a rule, by the ``seq`` it should
+have and its line.
 
-A changed line shows up at the line that follows it (its ``prev`` no longer matches), a
+A changed line shows up at the record that follows it (its ``prev`` no longer matches), a
 removed or moved line at its own position (``seq`` jumps). The last line has no successor
 to vouch for it: compare the last ``seq`` and line hash with a copy kept elsewhere to detect
-a change to the final record.
+a change to the final record. ``from_seq`` starts at a later record: the lines before it are
+skipped unchecked and its own ``prev`` is taken as given (compare it with the line hash you
+recorded for the record before), as for a journal whose older lines were archived.
 
 The records auditd writes after a failed write (``audit-journal.write-failed``) and the one
 ``coordinatorctl audit seal-tail`` writes in place of a torn last line
@@ -41,13 +45,19 @@ class VerifyResult:
     """The outcome of a verification."""
 
     records: int
-    """Lines that passed before the first failure (all of them when ``ok``)."""
+    """Records that passed before the first failure (all of them when ``ok``)."""
     line: int | None = None
-    """1-based number of the first bad line; ``None`` when the journal verifies."""
+    """1-based line number of the first bad record; ``None`` when the journal verifies."""
     reason: str | None = None
-    """Why that line fails."""
+    """Why that record fails."""
     last_hash: str = GENESIS_PREV
     """Hash of the last good line, to compare with a copy kept elsewhere."""
+    seq: int | None = None
+    """The ``seq`` the first bad record should carry; ``None`` when the journal verifies."""
+    last_seq: int = 0
+    """``seq`` of the last good record (0 when there is none)."""
+    first_prev: str | None = None
+    """With ``from_seq``: the ``prev`` of the first record checked, taken as given."""
 
     @property
     def ok(self) -> bool:
@@ -86,46 +96,85 @@ def _shape_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _line_problem(number: int, raw: bytes, expected_prev: str) -> str | None:
+def _parse(raw: bytes) -> dict[str, Any] | str:
+    """The record of a raw line, or why it is none."""
     if not raw.endswith(b"\n"):
         return "incomplete line (no newline)"
-    line = raw[:-1]
     try:
-        record = json.loads(line)
+        record = json.loads(raw[:-1])
     except ValueError:
         return "not a JSON record"
     if not isinstance(record, dict):
         return "not a JSON record"
+    return record
+
+
+def _line_problem(seq: int, raw: bytes, expected_prev: str | None) -> str | None:
+    """Why the line that should be record ``seq`` breaks a rule; ``expected_prev`` None takes
+    its ``prev`` as given."""
+    record = _parse(raw)
+    if isinstance(record, str):
+        return record
     problem = _shape_problem(record)
     if problem is not None:
         return problem
-    if record["seq"] != number:
-        return f"seq {record['seq']} where {number} was expected"
-    if record["prev"] != expected_prev:
-        what = "the genesis value" if number == 1 else f"the hash of line {number - 1}"
+    if record["seq"] != seq:
+        return f"seq {record['seq']} where {seq} was expected"
+    if expected_prev is not None and record["prev"] != expected_prev:
+        what = "the genesis value" if seq == 1 else f"the hash of record {seq - 1}"
         return f"prev is not {what}"
-    if serialize(record) != line:
+    if serialize(record) != raw[:-1]:
         return "not in canonical form"
     return None
 
 
-def verify_stream(handle: Iterable[bytes]) -> VerifyResult:
-    """Verify the journal read from a binary stream (any iterable of its raw lines)."""
-    expected_prev = GENESIS_PREV
-    number = 0
+def _seq_of(raw: bytes) -> int | None:
+    record = _parse(raw)
+    if isinstance(record, str):
+        return None
+    seq = record.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
+def verify_stream(handle: Iterable[bytes], from_seq: int = 1) -> VerifyResult:
+    """Verify the journal read from a binary stream (any iterable of its raw lines), from
+    the record ``from_seq`` on."""
+    if from_seq < 1:
+        raise ValueError("from_seq starts at 1")
+    expected_prev: str | None = GENESIS_PREV if from_seq == 1 else None
+    first_prev: str | None = None
+    seq = from_seq
+    checked = 0
+    line = 0
+    started = from_seq == 1
     for raw in handle:
-        number += 1
-        problem = _line_problem(number, raw, expected_prev)
+        line += 1
+        if not started:
+            found = _seq_of(raw)
+            if found is None or found < from_seq:
+                continue
+            started = True
+            if found == from_seq:
+                first_prev = str(json.loads(raw[:-1])["prev"])
+        problem = _line_problem(seq, raw, expected_prev)
         if problem is not None:
-            return VerifyResult(number - 1, number, problem, expected_prev)
+            return VerifyResult(
+                checked, line, problem, expected_prev or GENESIS_PREV, seq, seq - 1, first_prev
+            )
         expected_prev = line_hash(raw[:-1])
-    return VerifyResult(number, last_hash=expected_prev)
+        checked += 1
+        seq += 1
+    if not started:
+        return VerifyResult(0, line + 1, f"no record with seq {from_seq}", GENESIS_PREV, from_seq)
+    return VerifyResult(
+        checked, last_hash=expected_prev or GENESIS_PREV, last_seq=seq - 1, first_prev=first_prev
+    )
 
 
-def verify_file(path: Path) -> VerifyResult:
-    """Verify the journal at ``path``."""
+def verify_file(path: Path, from_seq: int = 1) -> VerifyResult:
+    """Verify the journal at ``path`` (from the record ``from_seq`` on)."""
     with path.open("rb") as handle:
-        return verify_stream(handle)
+        return verify_stream(handle, from_seq)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

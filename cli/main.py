@@ -294,6 +294,68 @@ def audit_seal_tail(
         typer.echo(f"seal record: seq {sealed.seq}")
 
 
+@audit_app.command("verify")
+def audit_verify(
+    ctx: typer.Context,
+    audit_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--audit-file",
+            help="The journal (JSON Lines); default: deployment.auditFile of --runtime-config.",
+        ),
+    ] = None,
+    from_seq: Annotated[
+        int,
+        typer.Option("--from-seq", min=1, help="Start at this record, taking its prev as given."),
+    ] = 1,
+    runtime_config: RuntimeOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Offline: check the journal's hash chain, sequence and record shapes."""
+    from auditd.verify import verify_file
+
+    g = _globals(ctx, runtime_config, output=output)
+    if audit_file is None:
+        from core.config.load import load_runtime_file
+
+        if g.runtime_config is None:
+            _usage("--audit-file FILE (or --runtime-config FILE) is required for this command")
+        audit_file = load_runtime_file(g.runtime_config).deployment.audit_file
+    try:
+        result = verify_file(audit_file, from_seq)
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise CoordinatorError(
+            Code.AUDIT_JOURNAL_BROKEN, f"{audit_file}: cannot be read ({reason})"
+        ) from None
+    if not result.ok:
+        raise CoordinatorError(
+            Code.AUDIT_JOURNAL_BROKEN,
+            f"{audit_file}: seq {result.seq} (line {result.line}): {result.reason}",
+        )
+    document: dict[str, Any] = {
+        "status": "intact",
+        "auditFile": str(audit_file),
+        "records": result.records,
+        "firstSeq": from_seq if result.records else None,
+        "lastSeq": result.last_seq if result.records else None,
+        "lastLineHash": result.last_hash,
+    }
+    if from_seq > 1:
+        document["firstPrev"] = result.first_prev
+    if g.output == "json":
+        render.emit_json(document)
+        return
+    span = f" (seq {from_seq}-{result.last_seq})" if result.records else ""
+    typer.echo(f"{audit_file}: {result.records} records{span}, hash chain intact")
+    typer.echo(f"last line hash: {result.last_hash}")
+    if from_seq > 1:
+        typer.echo(
+            f"taken as given: seq {from_seq}'s prev {result.first_prev} "
+            f"(compare it with the line hash you kept for seq {from_seq - 1})"
+        )
+
+
 # ------------------------------------------------------------------------- database commands
 
 

@@ -530,19 +530,21 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
             ),
         ),
         Code.AUDIT_JOURNAL_BROKEN: CodeInfo(
-            title="The audit journal cannot be continued",
+            title="The audit journal is broken",
             meaning=(
                 "The audit journal's last line is torn (cut short: no newline, or not a record), "
                 "its last record is not valid, or the file is not a regular file. auditd does not "
                 "start: its line on standard error starts with `deployment.refused: "
                 "audit.journal-broken:`, names the file and line and, for a torn line, the "
                 "command that seals it. `coordinatorctl audit seal-tail` refuses with it when "
-                "the break is anything but a torn last line."
+                "the break is anything but a torn last line, and `coordinatorctl audit verify` "
+                "when any record breaks the chain, the sequence or the record shape, naming "
+                "the first one by its `seq` and line."
             ),
             action=(
                 "A torn last line (a full disk or a crash cut a write short): with auditd "
                 "stopped, run `coordinatorctl audit seal-tail`. Anything else: check the file "
-                "with `python -m auditd.verify`, keep it as evidence and investigate before "
+                "with `coordinatorctl audit verify`, keep it as evidence and investigate before "
                 "pointing `deployment.auditFile` at a new file."
             ),
         ),
@@ -567,7 +569,7 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
             ),
             action=(
                 "Name the file itself, not a link. Find out who could have written it, check it "
-                "with `python -m auditd.verify`, then `chmod 600` it."
+                "with `coordinatorctl audit verify`, then `chmod 600` it."
             ),
         ),
         Code.STATE_PAYLOAD_UNAUTHENTIC: CodeInfo(

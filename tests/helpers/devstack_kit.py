@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +107,16 @@ def client_for(
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_walkthrough(module: str, state_variable: str, expected: Iterable[str]) -> None:
+def run_walkthrough(
+    module: str,
+    state_variable: str,
+    expected: Iterable[str],
+    afterwards: Callable[[Path], None] | None = None,
+) -> None:
     """Run ``python -m module`` from the repository root with its state in a fresh folder
     named by ``state_variable``; check that it exits 0 without a traceback, prints each of
-    ``expected``, and leaves no process behind."""
+    ``expected``, and leaves no process behind; then ``afterwards(state folder)``, before the
+    folder goes."""
     # A short folder: the coordinator's Unix socket paths must fit in about 100 bytes.
     state = Path(tempfile.mkdtemp(prefix="wt-"))
     result = subprocess.run(
@@ -123,8 +129,12 @@ def run_walkthrough(module: str, state_variable: str, expected: Iterable[str]) -
         check=False,
     )
     output = result.stdout + result.stderr
-    shutil.rmtree(state, ignore_errors=True)
-    assert result.returncode == 0, output[-4000:]
+    try:
+        assert result.returncode == 0, output[-4000:]
+        if afterwards is not None:
+            afterwards(state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
     assert "Traceback" not in output
     for line in expected:
         assert line in output, line

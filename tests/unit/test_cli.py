@@ -474,3 +474,35 @@ def test_a_wide_table_is_never_wrapped(ctl: Ctl, monkeypatch: pytest.MonkeyPatch
     assert header.split()[0] == "runId"
     assert row.split()[0] == run["runId"]
     assert cursor == "nextCursor: -"
+
+
+def test_audit_verify_reads_the_runtime_files_journal_and_names_a_missing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.helpers.runtime_files import complete_runtime, write_runtime
+
+    document = complete_runtime(tmp_path)
+    journal = tmp_path / "journal.jsonl"
+    document["deployment"]["auditFile"] = str(journal)
+    runtime = write_runtime(tmp_path / "runtime.yaml", document)
+    # Neither --audit-file nor a runtime file: a usage error.
+    code, _, err = run_cli(["audit", "verify"], capsys)
+    assert code == 2 and "--audit-file" in err
+    # The runtime file's journal, absent: refused, naming the file.
+    code, _, err = run_cli(["--runtime-config", str(runtime), "audit", "verify"], capsys)
+    assert code == 1
+    assert last_line(err).startswith(f"coordinator.audit.journal-broken: {journal}: cannot be read")
+    # An empty journal is intact: no records.
+    journal.write_bytes(b"")
+    code, out, _ = run_cli(
+        ["--runtime-config", str(runtime), "audit", "verify", "--output", "json"], capsys
+    )
+    assert code == 0
+    assert json.loads(out) == {
+        "status": "intact",
+        "auditFile": str(journal),
+        "records": 0,
+        "firstSeq": None,
+        "lastSeq": None,
+        "lastLineHash": "0" * 64,
+    }

@@ -221,7 +221,7 @@ async def test_editing_one_byte_breaks_the_chain_at_the_next_line(
     lines[2] = lines[2].replace(b'"action":"cancel"', b'"action":"cancem"')
     rewrite(journal_path, lines)
     result = verify_file(journal_path)
-    assert (result.line, result.reason) == (4, "prev is not the hash of line 3")
+    assert (result.line, result.reason) == (4, "prev is not the hash of record 3")
     assert result.records == 3
 
 
@@ -267,7 +267,7 @@ async def test_renumbered_lines_still_fail_on_the_chain(
         record["seq"] = number
     rewrite(journal_path, [json.dumps(r, separators=(",", ":")).encode() for r in records])
     result = verify_file(journal_path)
-    assert (result.line, result.reason) == (3, "prev is not the hash of line 2")
+    assert (result.line, result.reason) == (3, "prev is not the hash of record 2")
 
 
 async def test_a_reformatted_line_is_not_canonical(
@@ -304,7 +304,7 @@ async def test_verify_command_line(
     lines[1] = lines[1].replace(b'"outcome":"accepted"', b'"outcome":"accepter"')
     rewrite(journal_path, lines)
     assert verify_main([str(journal_path)]) == 1
-    assert f"{journal_path}:3: prev is not the hash of line 2" in capsys.readouterr().err
+    assert f"{journal_path}:3: prev is not the hash of record 2" in capsys.readouterr().err
     assert verify_main([str(journal_path.parent / "missing.jsonl")]) == 1
 
 
@@ -488,3 +488,37 @@ async def test_an_empty_append_writes_nothing(journal_path: Path, fsync: Countin
 async def test_wrong_audit_key_length_is_refused(journal_path: Path) -> None:
     with pytest.raises(ValueError, match="32 bytes"):
         await Journal.open(journal_path, b"short")
+
+
+async def test_from_seq_skips_the_lines_before_and_takes_that_records_prev_as_given(
+    journal_path: Path, fsync: CountingFsync
+) -> None:
+    await filled_journal(journal_path, fsync)
+    lines = lines_of(journal_path)
+    # A break before the starting record is not looked at...
+    lines[0] = lines[0].replace(b'"outcome":"', b'"outcome":"x', 1)
+    rewrite(journal_path, lines)
+    assert not verify_file(journal_path).ok
+    result = verify_file(journal_path, from_seq=3)
+    assert (result.ok, result.records, result.last_seq) == (True, 4, 6)
+    assert result.first_prev == hashlib.sha256(lines[1]).hexdigest()
+    assert result.last_hash == hashlib.sha256(lines[-1]).hexdigest()
+    # ...one at or after it is, by the seq it should carry.
+    lines[3] = lines[3].replace(b'"outcome":"', b'"outcome":"x', 1)
+    rewrite(journal_path, lines)
+    broken = verify_file(journal_path, from_seq=3)
+    assert (broken.seq, broken.line, broken.reason) == (5, 5, "prev is not the hash of record 4")
+    assert broken.last_seq == 4
+
+
+async def test_from_seq_on_a_journal_whose_older_lines_were_archived(
+    journal_path: Path, fsync: CountingFsync
+) -> None:
+    await filled_journal(journal_path, fsync)
+    lines = lines_of(journal_path)
+    rewrite(journal_path, lines[2:])  # records 3-6 only
+    assert verify_file(journal_path).reason == "seq 3 where 1 was expected"
+    result = verify_file(journal_path, from_seq=3)
+    assert (result.ok, result.records, result.last_seq) == (True, 4, 6)
+    missing = verify_file(journal_path, from_seq=9)
+    assert (missing.ok, missing.seq, missing.reason) == (False, 9, "no record with seq 9")
