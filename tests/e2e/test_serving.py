@@ -214,9 +214,10 @@ def test_the_audit_journal_chain_verifies_and_an_edit_breaks_it(
     assert set(record) >= {"seq", "at", "action", "outcome", "principalRef", "clientRef", "prev"}
     assert "alice" not in journal.read_text()
     tampered = tmp_path / "audit.jsonl"
-    lines[1] = lines[1].replace(b'"outcome":"', b'"outcome":"x', 1)
+    # The first record changed: the second (there are at least two) no longer vouches for it.
+    lines[0] = lines[0].replace(b'"outcome":"', b'"outcome":"x', 1)
     tampered.write_bytes(b"".join(lines))
-    assert verify_file(tampered).line == 3
+    assert verify_file(tampered).line == 2
 
 
 def test_metrics_live_on_the_metrics_listener_only(running_stack: Running) -> None:
