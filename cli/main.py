@@ -78,7 +78,7 @@ def _globals(
 ) -> Globals:
     root: Globals = ctx.find_root().obj or Globals()
     return Globals(
-        runtime_config=runtime_config or root.runtime_config,
+        runtime_config=pick(ctx, "runtime_config", runtime_config, root.runtime_config),
         url=pick(ctx, "url", url, root.url),
         token_file=pick(ctx, "token_file", token_file, root.token_file),
         output=output.value if output else root.output,

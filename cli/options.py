@@ -6,8 +6,9 @@ URL`` — and a flag as a bare flag. Every command is built with :class:`Command
 with :class:`Group`), whose parameters print only their metavar.
 
 ``--url``, ``--token-file``, ``--runtime-config`` and ``--output`` may stand before or after
-the subcommand; ``COORDINATOR_URL`` and ``COORDINATOR_TOKEN_FILE`` stand in for the first
-two when neither position gives them (:func:`pick`).
+the subcommand; ``COORDINATOR_URL``, ``COORDINATOR_TOKEN_FILE`` and
+``COORDINATOR_RUNTIME_CONFIG`` stand in for the first three when neither position gives them
+(:func:`pick`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 URL_ENV = "COORDINATOR_URL"
 TOKEN_FILE_ENV = "COORDINATOR_TOKEN_FILE"  # noqa: S105 - a variable name, not a secret
+RUNTIME_CONFIG_ENV = "COORDINATOR_RUNTIME_CONFIG"
 
 T = TypeVar("T")
 
@@ -42,7 +44,13 @@ class TrueFalse(StrEnum):
 
 RuntimeOpt = Annotated[
     Path | None,
-    typer.Option("--runtime-config", metavar="FILE", help="The runtime file.", show_default=False),
+    typer.Option(
+        "--runtime-config",
+        metavar="FILE",
+        envvar=RUNTIME_CONFIG_ENV,
+        help="The runtime file.",
+        show_default=False,
+    ),
 ]
 UrlOpt = Annotated[
     str | None,

@@ -26,6 +26,7 @@ def _no_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     # An operator's shell may export these; the tests below say what they expect explicitly.
     monkeypatch.delenv("COORDINATOR_URL", raising=False)
     monkeypatch.delenv("COORDINATOR_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("COORDINATOR_RUNTIME_CONFIG", raising=False)
 
 
 def last_line(text: str) -> str:
@@ -506,3 +507,24 @@ def test_audit_verify_reads_the_runtime_files_journal_and_names_a_missing_one(
         "lastSeq": None,
         "lastLineHash": "0" * 64,
     }
+
+
+def test_coordinator_runtime_config_stands_in_for_the_option_and_the_option_wins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers.runtime_files import complete_runtime, write_runtime
+
+    document = complete_runtime(tmp_path)
+    good = write_runtime(tmp_path / "runtime.yaml", document)
+    broken = write_runtime(tmp_path / "broken.yaml", {**document, "namespace": "Not A Name"})
+    monkeypatch.setenv("COORDINATOR_RUNTIME_CONFIG", str(good))
+    code, out, err = run_cli(["check", "--output", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["status"] == "valid"
+    # On the command line, before or after the command, the option wins over the variable.
+    for args in (
+        ["--runtime-config", str(broken), "check"],
+        ["check", "--runtime-config", str(broken)],
+    ):
+        code, _, err = run_cli(args, capsys)
+        assert code == 1 and last_line(err).startswith("coordinator.config.invalid: namespace")
