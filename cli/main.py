@@ -42,6 +42,7 @@ from core import __version__
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import IDEMPOTENCY_KEY
+from core.states import RunState
 
 app = typer.Typer(
     name="coordinatorctl",
@@ -455,7 +456,12 @@ def list_runs(
         ),
     ] = None,
     state: Annotated[
-        str | None, typer.Option("--state", metavar="STATE", help="Only runs in this state.")
+        RunState | None,
+        typer.Option(
+            "--state",
+            metavar="STATE",
+            help="Only runs in this state: " + ", ".join(RunState) + ".",
+        ),
     ] = None,
     workflow: Annotated[
         str | None, typer.Option("--workflow", metavar="ID", help="Only runs of this workflow.")
@@ -478,7 +484,7 @@ def list_runs(
         name: str(value)
         for name, value in (
             ("attention", attention.value if attention else None),
-            ("state", state),
+            ("state", state.value if state else None),
             ("workflow", workflow),
             ("limit", limit),
             ("cursor", cursor),

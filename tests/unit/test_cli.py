@@ -321,6 +321,18 @@ def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:
     assert recorder.requests[0]["path"] == "/v1/runs?attention=true"
 
 
+def test_list_by_state_takes_a_run_state_and_refuses_anything_else_before_asking(
+    ctl: Ctl,
+) -> None:
+    ctl.recorder.answer = (200, "application/json", {"runs": [], "nextCursor": None})
+    code, _, _ = ctl("list", "--state", "held", "--output", "json")
+    assert code == 0 and ctl.recorder.requests[-1]["path"] == "/v1/runs?state=held"
+    asked = len(ctl.recorder.requests)
+    code, _, err = ctl("list", "--state", "bogus")
+    assert code == 2 and "'bogus' is not one of" in err and "'cancelled'" in err
+    assert len(ctl.recorder.requests) == asked
+
+
 # -- environment defaults ------------------------------------------------------------------
 
 
