@@ -37,7 +37,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -464,19 +464,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devstack.containers: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-@contextlib.contextmanager
-def running_engine() -> Iterator[Engine]:
-    """A started :class:`Engine` (left running for the next session when it was running)."""
-    engine = Engine()
-    was_running = engine.answers()
-    engine.start()
-    try:
-        yield engine
-    finally:
-        if not was_running:
-            engine.stop()
 
 
 if __name__ == "__main__":
