@@ -279,12 +279,9 @@ class Engine:
         one), waiting for it to end."""
         process = _DAEMONS.pop(self.socket, None)
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            from devstack.stack import end_process
+
+            end_process(process, timeout=60)
             return
         pidfile = self.socket.parent / "dockerd.pid"
         try:

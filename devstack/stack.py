@@ -105,6 +105,23 @@ def http_ok(url: str) -> bool:
     return httpx.get(url, timeout=2.0).is_success
 
 
+def end_process(
+    process: subprocess.Popen[bytes],
+    sig: int = signal.SIGTERM,
+    timeout: float = STOP_TIMEOUT_SECONDS,
+) -> int:
+    """Send ``sig`` to ``process`` unless it ended, wait up to ``timeout`` seconds, kill it
+    after that; answer its exit status."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
 @dataclass
 class LocalStack:
     """One local deployment and the processes around it."""
@@ -276,15 +293,7 @@ class LocalStack:
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM) -> int:
         """Signal one process and wait for it; answer its exit status."""
-        process = self.processes.pop(name)
-        if process.poll() is None:
-            process.send_signal(sig)
-            try:
-                process.wait(timeout=STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return int(process.returncode)
+        return end_process(self.processes.pop(name), sig)
 
     def stop(self) -> None:
         """Stop everything this stack started, coordinator first."""

@@ -19,6 +19,7 @@ commands that make the secrets, run as written (with the real ``docker compose r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -47,6 +48,7 @@ from devstack.containers import (
 from devstack.issuer import IssuerState, public_jwk
 from devstack.postgres_tls import CertificateAuthority
 from devstack.runtime_file import DEFAULT_PROFILES, DEFAULT_SCOPES
+from devstack.stack import end_process
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 PROJECT = "registry-coordinator"
@@ -86,7 +88,7 @@ class Trial:
 
     # ----------------------------------------------------------------------- commands
 
-    @property
+    @functools.cached_property
     def env(self) -> dict[str, str]:
         """Docker's CLI of Debian's package, with Compose v2 as its plugin, on this engine."""
         shims = CACHE / "bin"
@@ -417,13 +419,7 @@ class Trial:
 
     def stop_products(self) -> None:
         for process in self.products.values():
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            end_process(process)
         self.products.clear()
 
     # --------------------------------------------------------------------------- API

@@ -9,9 +9,8 @@
 set -eu
 
 if [ "$(id -u)" = 0 ]; then
+    # install -d sets the owner and mode of an existing folder (a volume) too.
     install -d -o postgres -g postgres -m 0700 "$PGDATA"
-    chown postgres:postgres "$PGDATA"
-    chmod 0700 "$PGDATA"
     install -d -o postgres -g postgres -m 2775 /var/run/postgresql
     exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
 fi
