@@ -21,7 +21,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from cli import api, render
+from cli import login as login_flow
 from cli.options import (
+    CLIENT_ID_ENV,
     Group,
     OutputFormat,
     OutputOpt,
@@ -355,6 +357,125 @@ def audit_verify(
             f"taken as given: seq {from_seq}'s prev {result.first_prev} "
             f"(compare it with the line hash you kept for seq {from_seq - 1})"
         )
+
+
+# ------------------------------------------------------------------------------ login
+
+
+@app.command()
+def login(
+    ctx: typer.Context,
+    issuer: Annotated[
+        str | None,
+        typer.Option(
+            "--issuer",
+            metavar="URL",
+            help="The issuer; default: deployment.authentication.issuer of --runtime-config.",
+        ),
+    ] = None,
+    client_id: Annotated[
+        str | None,
+        typer.Option(
+            "--client-id",
+            metavar="ID",
+            envvar=CLIENT_ID_ENV,
+            help="The OAuth client to sign in as (its policy decides what the token may do).",
+        ),
+    ] = None,
+    audience: Annotated[
+        str | None,
+        typer.Option(
+            "--audience",
+            metavar="URL",
+            help="The API's audience; default: deployment.authentication.audience.",
+        ),
+    ] = None,
+    device: Annotated[
+        bool,
+        typer.Option("--device", help="Sign in with a new code even if a refresh token is kept."),
+    ] = False,
+    private_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--private-key-file",
+            metavar="FILE",
+            help="Client credentials with private_key_jwt: the client's private JWK (0600).",
+        ),
+    ] = None,
+    scope: Annotated[
+        str | None,
+        typer.Option(
+            "--scope",
+            metavar="SCOPES",
+            help=f"Scopes to ask for; default for a person: {login_flow.DEFAULT_SCOPE!r}.",
+        ),
+    ] = None,
+    runtime_config: RuntimeOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """Get an access token for the API from the issuer and write it to the token file."""
+    g = _globals(ctx, runtime_config, token_file=token_file, output=output)
+    if device and private_key_file is not None:
+        _usage("--device and --private-key-file exclude each other")
+    if g.token_file is None:
+        _usage("--token-file (or COORDINATOR_TOKEN_FILE) is required for this command")
+    if not client_id:
+        _usage(f"--client-id (or {CLIENT_ID_ENV}) is required for this command")
+    assertion_audience = "token-endpoint"
+    algorithms: tuple[str, ...] = ()
+    if g.runtime_config is not None:
+        from core.config.load import load_runtime_file
+
+        settings = load_runtime_file(g.runtime_config).deployment.authentication
+        issuer = issuer or settings.issuer
+        audience = audience or settings.audience
+        assertion_audience = settings.client_assertion_audience
+        algorithms = settings.algorithms
+    if not issuer:
+        _usage("--issuer URL (or --runtime-config FILE) is required for this command")
+    if not audience:
+        _usage("--audience URL (or --runtime-config FILE) is required for this command")
+    jwk = login_flow.read_private_jwk(private_key_file) if private_key_file is not None else None
+    with login_flow.http_client() as http:
+        found = login_flow.discover(http, issuer)
+        tokens = None
+        if jwk is not None:
+            tokens = login_flow.client_credentials(
+                http,
+                found,
+                client_id,
+                audience,
+                jwk,
+                assertion_audience=assertion_audience,
+                scope=scope,
+            )
+        elif not device:
+            kept = login_flow.stored_refresh_token(g.token_file)
+            if kept is not None:
+                tokens = login_flow.refresh(http, found, client_id, audience, kept)
+        if tokens is None:
+            flow = login_flow.DeviceLogin(
+                found, client_id, audience, scope or login_flow.DEFAULT_SCOPE
+            )
+            # The prompt goes to stderr, so stdout stays one JSON document under --output json.
+            tokens = flow.run(http, lambda line: typer.echo(line, err=True))
+    facts = login_flow.token_facts(tokens.access_token, found.issuer, audience, algorithms)
+    refresh_file = login_flow.store(g.token_file, tokens)
+    document = {
+        "tokenFile": str(g.token_file),
+        "refreshTokenFile": str(refresh_file) if refresh_file else None,
+        "grant": tokens.grant,
+        "clientId": facts.client_id,
+        "expiresAt": login_flow.expiry_text(facts.expires_at),
+    }
+    if g.output == "json":
+        render.emit_json(document)
+        return
+    until = f", valid until {document['expiresAt']}" if document["expiresAt"] else ""
+    typer.echo(f"token for client {facts.client_id} written to {g.token_file}{until}")
+    if refresh_file is not None:
+        typer.echo(f"refresh token kept in {refresh_file}")
 
 
 # ------------------------------------------------------------------------- database commands

@@ -24,6 +24,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 URL_ENV = "COORDINATOR_URL"
 TOKEN_FILE_ENV = "COORDINATOR_TOKEN_FILE"  # noqa: S105 - a variable name, not a secret
 RUNTIME_CONFIG_ENV = "COORDINATOR_RUNTIME_CONFIG"
+CLIENT_ID_ENV = "COORDINATOR_CLIENT_ID"
 
 T = TypeVar("T")
 

@@ -104,6 +104,7 @@ class Code(StrEnum):
     SECRET_INSECURE = "secret.insecure"  # noqa: S105
     SECRET_MALFORMED = "secret.malformed"  # noqa: S105
     AUTH_TOKEN_FILE = "auth.token-file"  # noqa: S105
+    AUTH_LOGIN_REFUSED = "auth.login-refused"
     # The audit journal file, met by auditd at startup and by `coordinatorctl audit seal-tail`.
     AUDIT_JOURNAL_BROKEN = "audit.journal-broken"
     AUDIT_JOURNAL_LOCKED = "audit.journal-locked"
@@ -527,6 +528,22 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
             action=(
                 "Put the token in a file only you can read (`chmod 600`) and pass it with "
                 "`--token-file`."
+            ),
+        ),
+        Code.AUTH_LOGIN_REFUSED: CodeInfo(
+            title="No token could be had from the issuer",
+            meaning=(
+                "`coordinatorctl login` could not get an access token the API would take: the "
+                "issuer could not be reached or its discovery document names another issuer, "
+                "it refused the client, the sign-in was declined or its code expired, or the "
+                "token it issued has the wrong shape (not an `at+jwt` JWT, another `iss` or "
+                "`aud`, no `sub` or `client_id`, an algorithm the deployment does not allow). "
+                "Nothing was written to the token file."
+            ),
+            action=(
+                "Read the detail: it names the issuer, the client and what was wrong. For a "
+                "token's shape, configure the issuer as docs/issuers.md shows; for a refused "
+                "client, check its registration (grant types, key) at the issuer."
             ),
         ),
         Code.AUDIT_JOURNAL_BROKEN: CodeInfo(

@@ -135,18 +135,24 @@ def find_node() -> str:
 
 @dataclass(frozen=True)
 class Client:
-    """One client of the provider: ``private_key_jwt`` with ``jwks``, or
-    ``client_secret_basic`` with ``secret``."""
+    """One client of the provider: ``private_key_jwt`` with ``jwks``,
+    ``client_secret_basic`` with ``secret``, or a ``public`` client of the device
+    authorization grant (RFC 8628) that may also refresh its tokens."""
 
     client_id: str
     jwks: Mapping[str, Any] | None = None
     secret: str | None = field(default=None, repr=False)
+    public: bool = False
 
     def __post_init__(self) -> None:
-        if (self.jwks is None) == (self.secret is None):
-            raise ValueError(f"client {self.client_id}: give exactly one of jwks and secret")
+        if [self.jwks is not None, self.secret is not None, self.public].count(True) != 1:
+            raise ValueError(
+                f"client {self.client_id}: give exactly one of jwks, secret and public"
+            )
 
     def to_json(self) -> dict[str, Any]:
+        if self.public:
+            return {"clientId": self.client_id, "auth": "none"}
         if self.jwks is not None:
             keys = [public_jwk(key) for key in self.jwks["keys"]]
             return {"clientId": self.client_id, "auth": "private_key_jwt", "jwks": {"keys": keys}}

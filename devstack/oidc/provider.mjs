@@ -5,7 +5,10 @@
 // It issues RFC 9068 JWT access tokens through the client credentials grant, for exactly one
 // RFC 8707 resource the client is registered for; a token request without a resource gets an
 // opaque token (oidc-provider's default), an unknown resource or a client not registered for
-// it gets invalid_target. Clients authenticate with private_key_jwt or client_secret_basic.
+// it gets invalid_target. Clients authenticate with private_key_jwt or client_secret_basic,
+// or are public ("none"): those use the device authorization grant (RFC 8628) and refresh
+// tokens, and a person signs in on the provider's own pages (its development login and
+// consent forms, which accept any login name: this provider stands in for a real one).
 // With "clientAssertionAudience": "issuer" the provider runs its FAPI 2.0 profile, which
 // accepts only the issuer identifier as a client assertion's audience.
 //
@@ -38,9 +41,21 @@ const { default: Provider, errors } = await import(
   pathToFileURL(join(packageDir, manifest.main)).href
 );
 
+const deviceClients = config.clients.some((entry) => entry.auth === 'none');
 const resources = new Map(config.resources.map((entry) => [entry.resource, entry]));
 
+const DEVICE_CODE = 'urn:ietf:params:oauth:grant-type:device_code';
+
 function clientMetadata(entry) {
+  if (entry.auth === 'none') {
+    return {
+      client_id: entry.clientId,
+      grant_types: [DEVICE_CODE, 'refresh_token'],
+      response_types: [],
+      redirect_uris: [],
+      token_endpoint_auth_method: 'none',
+    };
+  }
   const common = {
     client_id: entry.clientId,
     grant_types: ['client_credentials'],
@@ -64,7 +79,7 @@ const provider = new Provider(config.issuer, {
   clients: config.clients.map(clientMetadata),
   jwks: { keys: config.signingKeys },
   cookies: { keys: [config.cookieKey] },
-  clientAuthMethods: ['private_key_jwt', 'client_secret_basic'],
+  clientAuthMethods: ['private_key_jwt', 'client_secret_basic', 'none'],
   // The first signing key is the default one: clients default to its algorithm, which must
   // be enabled (oidc-provider checks each client's defaults against its keys).
   clientDefaults: { id_token_signed_response_alg: config.signingKeys[0].alg },
@@ -73,7 +88,8 @@ const provider = new Provider(config.issuer, {
     idTokenSigningAlgValues: [...new Set(config.signingKeys.map((key) => key.alg))],
   },
   features: {
-    devInteractions: { enabled: false },
+    devInteractions: { enabled: deviceClients },
+    deviceFlow: { enabled: deviceClients },
     clientCredentials: { enabled: true },
     fapi:
       config.clientAssertionAudience === 'issuer'

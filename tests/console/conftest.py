@@ -1,4 +1,5 @@
-"""Fixtures of the console's browser tests: pytest-playwright driving the pinned Chromium.
+"""Fixtures of the browser tests (the console's, and the sign-in of ``coordinatorctl login``):
+pytest-playwright driving the pinned Chromium.
 
 ``installed_browser`` is the headless Chromium of :mod:`devstack.browser` (inflated here if
 ``make browser`` has not run). A browser that cannot be installed or started fails the
