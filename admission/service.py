@@ -24,6 +24,7 @@ from admission.events import EventAdmitter
 from admission.start import Admitter, parse_input
 from core import logs
 from core.bindings import verify_live_bindings
+from core.metrics import exposition, new_registry
 from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
@@ -50,6 +51,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
         self.completions = completions or CompletionWaker.from_runtime(
             admitter.runtime, admitter.store
         )
+        self._registry = new_registry("admission")
 
     @refusals
     async def Start(
@@ -88,13 +90,12 @@ class AdmissionService(pb_grpc.AdmissionServicer):
 
     @refusals
     async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
-        # The run and hold gauges come from recovery, which reads the whole store; admission
-        # keeps no series of its own yet.
-        return pb.MetricsText(text="")
+        return pb.MetricsText(text=await self.metrics_text())
 
-
-async def _no_series() -> str:
-    return ""
+    async def metrics_text(self) -> str:
+        """This process's series only: the run and hold gauges come from recovery, which
+        reads the whole store."""
+        return exposition(self._registry)
 
 
 async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
@@ -102,7 +103,8 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
     store = Store(runtime, "admission")
     admitter = Admitter.from_runtime(runtime, store)
     grpc_server = server(runtime.endpoints, "admission")
-    pb_grpc.add_AdmissionServicer_to_server(AdmissionService(admitter), grpc_server)
+    service = AdmissionService(admitter)
+    pb_grpc.add_AdmissionServicer_to_server(service, grpc_server)
     try:
         await store.open()
         await store.verify()
@@ -112,7 +114,7 @@ async def serve(runtime: Runtime, started: asyncio.Event | None = None) -> None:
         logs.serving("admission", logs.internal_address(runtime.endpoints.address("admission")))
         if started is not None:
             started.set()
-        async with own_metrics(runtime, "admission", _no_series):
+        async with own_metrics(runtime, "admission", service.metrics_text):
             await grpc_server.wait_for_termination()
     finally:
         # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this

@@ -26,7 +26,7 @@ from auditd.journal import AuditEntry, Journal, TornTail, Write
 from core import logs
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.metrics import gauge, render
+from core.metrics import exposition, gauge, merge, new_registry, render
 from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
@@ -60,6 +60,7 @@ class AuditService(pb_grpc.AuditServicer):
     def __init__(self, journal: Journal, store: Store) -> None:
         self.journal = journal
         self.store = store
+        self.registry = new_registry("auditd")
 
     @refusals
     async def Append(
@@ -89,12 +90,13 @@ class AuditService(pb_grpc.AuditServicer):
         return pb.MetricsText(text=await self.metrics_text())
 
     async def metrics_text(self) -> str:
-        """The journal's readiness gauge as exposition text (trying a failed disk again)."""
+        """The journal's readiness gauge (trying a failed disk again) and this process's
+        series, as exposition text."""
         ready = 1 if self.journal.ready or await self.journal.recover() else 0
         audit_ready = gauge(
             "coordinator_audit_ready", "1 when the audit journal accepts records.", [((), ready)]
         )
-        return render([audit_ready])
+        return merge([render([audit_ready]), exposition(self.registry)])
 
 
 async def record_segment(store: Store, journal: Journal) -> None:

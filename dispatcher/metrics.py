@@ -3,7 +3,9 @@
 Labels never name a workflow, a run or a principal: only the connection type and the
 classified result, so the series count stays small and says nothing about who did what.
 Every (connection type, result) pair of ``coordinator_calls_total`` is present from the
-start, at 0, so an alert can tell "no calls" from "no dispatcher".
+start, at 0, so an alert can tell "no calls" from "no dispatcher". The registry also holds
+the dispatcher process's ``process_*`` and ``python_*`` series, labelled
+``component="dispatcher"``, and ``coordinator_build_info`` (:func:`core.metrics.new_registry`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class DispatchMetrics:
     """The dispatcher's series; one instance (and registry) per dispatcher."""
 
     def __init__(self) -> None:
-        self.registry = new_registry()
+        self.registry = new_registry("dispatcher")
         self._calls = Counter(
             "coordinator_calls",
             "Product calls by connection type and classified result.",

@@ -4,7 +4,10 @@ The gateway counts its HTTP answers by route **template** (``/v1/runs/{runId}``)
 raw path, so no run id, workflow or principal ever becomes a label. ``/metrics`` is the
 gateway's own series followed by each component's Metrics RPC text, merged family by family
 through prometheus-client (:func:`core.metrics.merge`): the gateway's readiness gauges win
-over a component's copy.
+over a component's copy. The gateway's registry (:class:`HttpMetrics`) also holds the
+gateway process's ``process_*`` and ``python_*`` series, labelled ``component="gateway"``
+beside each component's own, and ``coordinator_build_info``, which being first is the one
+the merged document shows.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ OVER_LIMIT_ROUTE: Final = "over-limit"
 
 
 class HttpMetrics:
-    """``coordinator_http_requests_total{route,status}`` of the main listener."""
+    """``coordinator_http_requests_total{route,status}`` of the main listener, in the
+    gateway's registry (with its process series and build info)."""
 
     def __init__(self) -> None:
-        self._registry = new_registry()
+        self._registry = new_registry("gateway")
         self._answers = Counter(
             "coordinator_http_requests",
             "HTTP answers of the listeners, by route template (or unmatched, over-limit).",
@@ -61,7 +65,8 @@ class HttpMetrics:
         return int(value or 0)
 
     def render(self) -> str:
-        """The counter family as Prometheus text."""
+        """The gateway's registry (the counter family, the process series and the build
+        info) as Prometheus text."""
         return _exposition(self._registry)
 
 

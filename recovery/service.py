@@ -22,6 +22,7 @@ from core import logs
 from core.bindings import verify_live_bindings
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.metrics import exposition, merge, new_registry
 from core.own_metrics import own_metrics
 from core.products.http import ProductHttp, refuse_retired_settings
 from core.rpc import coordinator_pb2 as pb
@@ -72,6 +73,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         self.recovery_only = recovery_only
         self.audit_ready = audit_ready
         self.env = env
+        self._registry = new_registry("recovery")
         """The operator actions' parts; ``None`` serves reads only (some unit tests)."""
 
     async def _activation_unchanged(self) -> None:
@@ -154,7 +156,11 @@ class RecoveryService(pb_grpc.RecoveryServicer):
 
     @refusals
     async def Metrics(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.MetricsText:
-        return pb.MetricsText(text=await reads.metrics_text(self.store))
+        return pb.MetricsText(text=await self.metrics_text())
+
+    async def metrics_text(self) -> str:
+        """The run and hold gauges read from the store, and this process's series."""
+        return merge([await reads.metrics_text(self.store), exposition(self._registry)])
 
 
 async def serve(
@@ -190,7 +196,7 @@ async def serve(
         logs.serving("recovery", logs.internal_address(runtime.endpoints.address("recovery")))
         if started is not None:
             started.set()
-        async with own_metrics(runtime, "recovery", lambda: reads.metrics_text(store)):
+        async with own_metrics(runtime, "recovery", service.metrics_text):
             await grpc_server.wait_for_termination()
     finally:
         # grpc.aio begins its own shutdown when wait_for_termination is cancelled, and this

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core import __version__
 from core.config.check import check_runtime_file
 from core.deploy import apply
 from core.workflow.package import build_package
@@ -98,14 +99,27 @@ def test_a_run_completes_and_every_component_shows_its_own_series(
     assert recovery["coordinator_runs"][(("state", "succeeded"),)] == 1
     auditd = series(f"http://{HOSTS['auditd']}:{port}/metrics")
     assert auditd["coordinator_audit_ready"][()] == 1
-    assert series(f"http://{HOSTS['admission']}:{port}/metrics") == {}
+    admission = series(f"http://{HOSTS['admission']}:{port}/metrics")
+    # Admission keeps no series of its own but its process's, named by component.
+    assert {dict(labels)["component"] for labels in admission["process_start_time_seconds"]} == {
+        "admission"
+    }
+    assert not any(name.startswith("coordinator_runs") for name in admission)
+    # Each process says which build it runs.
+    for own in (dispatcher, recovery, auditd, admission):
+        [labels] = own["coordinator_build_info"]
+        assert dict(labels)["version"] == __version__
 
-    # The gateway's merged view has every component it can reach, and no dispatcher.
+    # The gateway's merged view has every component it can reach, and no dispatcher; the
+    # process series of each of those, and of the gateway, side by side.
     merged = series(f"{stack.metrics_url}/metrics")
     assert merged["coordinator_runs"][(("state", "succeeded"),)] == 1
     assert "coordinator_calls_total" not in merged
     components = {dict(labels)["component"] for labels in merged["coordinator_component_up"]}
     assert components == {"admission", "recovery", "auditd"}
+    processes = {dict(labels)["component"] for labels in merged["process_start_time_seconds"]}
+    assert processes == {"gateway", "admission", "recovery", "auditd"}
+    assert len(merged["coordinator_build_info"]) == 1
 
     log = stack.log_text("coordinator")
     assert f"dispatcher serving on http://127.0.0.1:{port}/metrics" in log

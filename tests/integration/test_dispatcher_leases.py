@@ -215,7 +215,12 @@ async def test_the_metrics_rpc_answers_the_dispatcher_series(kit: DispatchKit) -
     assert run_id not in text
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     label_names = set(re.findall(r'[{,]([a-z_]+)="', "\n".join(samples)))
-    assert label_names == {"connection_type", "result", "le"}
+    calls = {"connection_type", "result", "le"}
+    # The process series (component, python_info's versions, the gc generation) and
+    # coordinator_build_info{version,python}.
+    process = {"component", "generation", "implementation", "major", "minor", "patchlevel"}
+    assert label_names == calls | process | {"version", "python"}
+    assert 'python_info{component="dispatcher",' in text
     health = await service.Check(pb.Empty(), None)
     assert (health.store_ready, health.activation_ready, list(health.reasons)) == (True, True, [])
 

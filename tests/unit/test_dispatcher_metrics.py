@@ -57,4 +57,8 @@ def test_no_series_carries_a_workflow_run_or_principal_label() -> None:
     metrics = DispatchMetrics()
     metrics.record_call("scheduling", "refused", 0.1)
     labels = set(re.findall(r'[{,]([a-z_]+)="', metrics.render()))
-    assert labels == {"connection_type", "result", "le"}
+    calls = {"connection_type", "result", "le"}
+    # The process series (component, python_info's versions, the gc generation) and
+    # coordinator_build_info{version,python}.
+    process = {"component", "generation", "implementation", "major", "minor", "patchlevel"}
+    assert labels == calls | process | {"version", "python"}
