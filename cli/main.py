@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -370,6 +371,7 @@ def login(
         typer.Option(
             "--issuer",
             metavar="URL",
+            envvar="COORDINATOR_ISSUER",
             help="The issuer; default: deployment.authentication.issuer of --runtime-config.",
         ),
     ] = None,
@@ -387,6 +389,7 @@ def login(
         typer.Option(
             "--audience",
             metavar="URL",
+            envvar="COORDINATOR_AUDIENCE",
             help="The API's audience; default: deployment.authentication.audience.",
         ),
     ] = None,
@@ -765,16 +768,48 @@ def _instant(value: str) -> str:
     return value
 
 
+_AGE = re.compile(r"(?P<count>[1-9][0-9]{0,5})(?P<unit>[dh])")
+
+
+def _cutoff(before: str | None, older_than: str | None) -> str:
+    """The ``--before`` instant, given as one or computed from ``--older-than``."""
+    if (before is None) == (older_than is None):
+        _usage("give exactly one of --before INSTANT and --older-than AGE")
+    if before is not None:
+        return _instant(before)
+    assert older_than is not None
+    found = _AGE.fullmatch(older_than)
+    if found is None:
+        _usage("--older-than is a whole number of days or hours, like 365d or 36h")
+    hours = int(found["count"]) * (24 if found["unit"] == "d" else 1)
+    return (datetime.now(UTC) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @app.command()
 def retain(
     ctx: typer.Context,
-    before: Annotated[
-        str,
-        typer.Option("--before", metavar="INSTANT", help="RFC 3339 cutoff, not later than now."),
-    ],
     limit: Annotated[
-        int, typer.Option("--limit", metavar="N", min=1, max=100, help="Runs to erase at most.")
+        int,
+        typer.Option(
+            "--limit", metavar="N", min=1, max=100, help="Runs to erase at most (in each call)."
+        ),
     ],
+    before: Annotated[
+        str | None,
+        typer.Option("--before", metavar="INSTANT", help="RFC 3339 cutoff, not later than now."),
+    ] = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than", metavar="AGE", help="The cutoff as an age: 365d, 36h (from now)."
+        ),
+    ] = None,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="Call again, with the same cutoff, until nothing is left to erase."
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Count and list the runs it would erase; erase nothing."),
@@ -784,12 +819,31 @@ def retain(
     output: OutputOpt = None,
 ) -> None:
     """Erase the payloads of runs that ended before the cutoff (never later than now)."""
-    request: dict[str, Any] = {"before": _instant(before), "limit": limit}
+    if every and dry_run:
+        _usage("--all erases; --dry-run looks at one call's worth: use one of them")
+    request: dict[str, Any] = {"before": _cutoff(before, older_than), "limit": limit}
     if dry_run:
         request["dryRun"] = True
     client, g = _api_opts(ctx, url, token_file, output)
     body = client.request("POST", "/v1/operator/retain", body=request)
-    render.emit(body, g.output)
+    if not every:
+        render.emit(body, g.output)
+        return
+    # One cutoff for every call: a call that erases fewer than the limit found nothing more
+    # that ended before it (runs ended later, and held ones, are never picked).
+    erased, run_ids, calls = 0, [], 0
+    while True:
+        calls += 1
+        erased += int(body.get("erased", 0))
+        run_ids.extend(body.get("runIds", []))
+        if int(body.get("erased", 0)) < limit:
+            break
+        typer.echo(f"erased {erased} so far", err=True)
+        body = client.request("POST", "/v1/operator/retain", body=request)
+    render.emit(
+        {"before": request["before"], "erased": erased, "calls": calls, "runIds": run_ids},
+        g.output,
+    )
 
 
 def _operator_action(ctx: typer.Context, route: str, body: dict[str, Any], g_opts: Any) -> None:
@@ -973,12 +1027,44 @@ def console(
 use_plain_help(app)
 
 
+def json_requested(argv: list[str]) -> bool:
+    """Whether the words ask for ``--output json`` (read before parsing, for a usage error:
+    the parser stopped before it knew the format)."""
+    for position, word in enumerate(argv):
+        if word == "--":
+            break
+        if word == "--output=json" or (
+            word == "--output" and argv[position + 1 : position + 2] == ["json"]
+        ):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Entry point: usage errors exit 2 (typer), refusals exit 1 with coordinator.* lines
-    (one JSON document under --output json)."""
+    """Entry point: usage errors exit 2, refusals exit 1 with coordinator.* lines (under
+    --output json, either one starts with a JSON document on standard error)."""
+    words = sys.argv[1:] if argv is None else list(argv)
     output_format.set("text")
     try:
-        app(args=argv, prog_name="coordinatorctl")
+        status = app(args=words, prog_name="coordinatorctl", standalone_mode=False)
+    except typer.TyperException as exc:
+        # Typer's own errors (its command-line parser's): a usage error (exit 2) is no
+        # refusal, the command never ran, but a script asking for JSON still gets JSON, the
+        # shape of a refusal's with the code usage.invalid.
+        status = getattr(exc, "exit_code", 1)
+        if status == 2 and json_requested(words):
+            detail = exc.format_message()
+            document = {"code": f"coordinator.{Code.USAGE_INVALID}", "detail": detail}
+            sys.stderr.write(json.dumps(document) + "\n")
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            sys.stderr.write(f"Error: {exc.format_message()}\n")
+        sys.exit(status)
+    except typer.Abort:
+        sys.stderr.write("Aborted.\n")
+        sys.exit(1)
     except CoordinatorError as exc:
         render.refusal(exc, output_format.get())
         sys.exit(1)
@@ -986,4 +1072,4 @@ def main(argv: list[str] | None = None) -> NoReturn:
         unexpected = CoordinatorError(Code.INTERNAL, f"unexpected {type(exc).__name__}")
         render.refusal(unexpected, output_format.get())
         sys.exit(1)
-    sys.exit(0)
+    sys.exit(status if isinstance(status, int) else 0)

@@ -105,6 +105,7 @@ class Code(StrEnum):
     SECRET_MALFORMED = "secret.malformed"  # noqa: S105
     AUTH_TOKEN_FILE = "auth.token-file"  # noqa: S105
     AUTH_LOGIN_REFUSED = "auth.login-refused"
+    USAGE_INVALID = "usage.invalid"
     # The audit journal file, met by auditd at startup and by `coordinatorctl audit seal-tail`.
     AUDIT_JOURNAL_BROKEN = "audit.journal-broken"
     AUDIT_JOURNAL_LOCKED = "audit.journal-locked"
@@ -545,6 +546,16 @@ _INFO: Final[Mapping[Code, CodeInfo]] = MappingProxyType(
                 "token's shape, configure the issuer as docs/issuers.md shows; for a refused "
                 "client, check its registration (grant types, key) at the issuer."
             ),
+        ),
+        Code.USAGE_INVALID: CodeInfo(
+            title="The command line is not valid",
+            meaning=(
+                "coordinatorctl could not make sense of its command line (an unknown command "
+                "or option, a missing required one, a value out of range) and ran nothing; it "
+                "exits 2. Only under `--output json` does the code appear, in the JSON document "
+                "on standard error; in text the usage and the error follow as always."
+            ),
+            action="Read the message and `coordinatorctl <command> --help`, then run it again.",
         ),
         Code.AUDIT_JOURNAL_BROKEN: CodeInfo(
             title="The audit journal is broken",

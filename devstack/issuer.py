@@ -70,11 +70,14 @@ def generate_private_jwk(alg: str = "ES256", kid: str | None = None) -> dict[str
     return dict(jwk)
 
 
-_PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
+# key_ops goes too: PyJWT writes ["sign"] into a private RSA JWK, and a public key that says
+# it only signs is, rightly, no key to verify with (oidc-provider finds "no applicable key").
+_PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k", "key_ops"})
 
 
 def public_jwk(private: Mapping[str, Any]) -> dict[str, Any]:
-    """The public half of a JWK: the same members without the private ones."""
+    """The public half of a JWK: the same members without the private ones (and without
+    the private key's ``key_ops``)."""
     return {name: value for name, value in private.items() if name not in _PRIVATE_MEMBERS}
 
 

@@ -129,7 +129,7 @@ def systemd_image(engine: Engine) -> float:
         (context / "Dockerfile").write_text(DOCKERFILE, encoding="utf-8")
         (context / "units").mkdir()
         for unit in sorted(UNITS.iterdir()):
-            if unit.suffix in (".service", ".target"):
+            if unit.suffix in (".service", ".target", ".timer"):
                 shutil.copy2(unit, context / "units" / unit.name)
         return seconds + engine.build(context, IMAGE, args={"COORDINATOR_IMAGE": COORDINATOR_IMAGE})
 

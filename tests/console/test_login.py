@@ -13,7 +13,9 @@ separate process, as an operator runs it:
 - the next ``login`` spends the refresh token and asks nobody; ``--device`` asks again;
 - a person who cancels on the sign-in page gets ``coordinator.auth.login-refused`` and no file;
 - automation: ``--private-key-file`` with the client's private JWK gets a token for the
-  producer, which starts a run; a key file others may read is refused before anything is sent.
+  producer, which starts a run; a key file others may read is refused before anything is sent;
+- the retention unit's own two command lines (deploy/systemd/registry-coordinator-retain.service),
+  run as systemd would with its environment, log in as a retention client and call ``retain``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import yaml
 from playwright.sync_api import Browser, Page
 
 from core.config.check import check_runtime_file
@@ -38,10 +42,12 @@ from core.workflow.package import build_package
 from devstack.issuer import generate_private_jwk
 from devstack.oidc_provider import Client, OidcProvider, ProviderStack, ensure_installed
 from devstack.postgres import PostgresCluster
+from tests.deploy.test_systemd_units import read_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 CTL = Path(sys.executable).with_name("coordinatorctl")
 PROMPT = re.compile(r"open (?P<url>\S+) and enter the code (?P<code>\S+)")
+RETENTION = "retention-job"
 SIGN_IN_SECONDS = 60.0
 """The bound on a command waiting for the browser's steps (it polls every 5 s)."""
 
@@ -51,6 +57,7 @@ class Site:
     stack: ProviderStack
     provider: OidcProvider
     producer_key: Path
+    retention_key: Path
     workdir: Path
     running: list[subprocess.Popen[str]]
 
@@ -100,6 +107,13 @@ def site(
         root / "stack", packages=[(built.path, built.digest)], database=database
     )
     try:
+        # A client of its own for the retention job, allowed that one action.
+        runtime = yaml.safe_load(stack.runtime_file.read_text())
+        runtime["deployment"]["authentication"]["policies"][RETENTION] = {
+            "operator": True,
+            "actions": ["retain"],
+        }
+        stack.runtime_file.write_text(yaml.safe_dump(runtime, sort_keys=False))
         clients, resources = stack.registrations()
         operator = stack.summary["operatorClientId"]
         producer = stack.summary["producerClientId"]
@@ -107,9 +121,17 @@ def site(
         by_id = {client.client_id: client for client in clients}
         by_id[operator] = Client(operator, public=True)
         by_id[producer] = Client(producer, jwks={"keys": [producer_jwk]})
-        key_file = root / "producer.jwk"
-        key_file.write_text(json.dumps(producer_jwk))
-        key_file.chmod(0o600)
+        retention_jwk = generate_private_jwk("RS256")
+        by_id[RETENTION] = Client(RETENTION, jwks={"keys": [retention_jwk]})
+        key_file, retention_key = root / "producer.jwk", root / "retain-client.jwk"
+        for path, jwk in ((key_file, producer_jwk), (retention_key, retention_jwk)):
+            path.write_text(json.dumps(jwk))
+            path.chmod(0o600)
+        for resource in resources:
+            if resource.resource == stack.url:
+                resources[resources.index(resource)] = replace(
+                    resource, clients=(*resource.clients, RETENTION)
+                )
         stack.provider = OidcProvider.start(
             root / "provider",
             issuer=stack.summary["issuer"],
@@ -120,7 +142,7 @@ def site(
         stack.start_products()
         asyncio.run(apply(check_runtime_file(stack.runtime_file), []))
         stack.start_coordinator()
-        yield Site(stack, stack.provider, key_file, root, [])
+        yield Site(stack, stack.provider, key_file, retention_key, root, [])
     finally:
         if stack.provider is not None:
             stack.provider.stop()
@@ -310,3 +332,47 @@ def test_a_key_file_others_may_read_is_refused_before_anything_is_sent(
     assert refused.stderr.strip().splitlines()[-1].startswith("coordinator.secret.insecure:")
     assert site.provider.token_answers().get(site.producer, {}) == asked
     assert not (tmp_path / "t").exists()
+
+
+def test_the_retention_units_commands_log_in_and_retain(site: Site, tmp_path: Path) -> None:
+    service = read_unit("registry-coordinator-retain.service")["Service"]
+    token_file = tmp_path / "run" / "token"
+    token_file.parent.mkdir(mode=0o700)  # what RuntimeDirectory= makes
+    installed = {
+        "/opt/registry-coordinator/bin/coordinatorctl": str(CTL),
+        "/etc/registry-coordinator/secrets/retain-client.jwk": str(site.retention_key),
+        "/etc/registry-coordinator/runtime.yaml": str(site.stack.runtime_file),
+        "/run/registry-coordinator-retain/token": str(token_file),
+    }
+    # retain.env, as the README asks the operator to write it.
+    environment = {
+        **_env(),
+        "COORDINATOR_URL": site.stack.url,
+        "COORDINATOR_CLIENT_ID": RETENTION,
+        "RETAIN_OLDER_THAN": "30d",
+    }
+    for line in service["Environment"]:
+        name, _, value = line.partition("=")
+        environment[name] = installed.get(value, value)
+    for key in ("ExecStartPre", "ExecStart"):
+        [line] = service[key]
+        words = [installed.get(word, word) for word in shlex.split(line)]
+        words = [
+            environment["RETAIN_OLDER_THAN"] if w == "${RETAIN_OLDER_THAN}" else w for w in words
+        ]
+        done = subprocess.run(
+            [*words, "--output", "json"],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=60,
+        )
+        assert done.returncode == 0, (key, done.stderr)
+        document = json.loads(done.stdout)
+        if key == "ExecStartPre":
+            assert document["clientId"] == RETENTION
+            assert document["grant"] == "client_credentials"
+            assert _owner_only(token_file)
+        else:
+            # Nothing ended 30 days ago on a fresh stack: one call, accepted, nothing erased.
+            assert (document["erased"], document["calls"]) == (0, 1)

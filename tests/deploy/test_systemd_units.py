@@ -62,6 +62,9 @@ JOURNAL_UNITS = (COMPONENT_UNITS["auditd"], ALL_IN_ONE, MAINTENANCE)
 APPLY = "registry-coordinator-apply.service"
 INSTALLED_CTL = "/opt/registry-coordinator/bin/coordinatorctl"
 APPLY_SECRETS = "/etc/registry-coordinator/apply-secrets"
+# The retention job and its daily timer: a oneshot that logs in as its own automation client.
+RETAIN = "registry-coordinator-retain.service"
+RETAIN_TIMER = "registry-coordinator-retain.timer"
 # Every unit that runs components needs apply done first.
 AFTER_APPLY = (*COMPONENT_UNITS.values(), TEMPLATE, ALL_IN_ONE)
 
@@ -186,7 +189,7 @@ def installable_copy(folder: Path) -> Path:
     this checkout's ``coordinator``: verify refuses an ExecStart= binary that is absent."""
     folder.mkdir()
     for source in sorted(UNITS.iterdir()):
-        if source.suffix in (".service", ".target"):
+        if source.suffix in (".service", ".target", ".timer"):
             text = source.read_text(encoding="utf-8")
             (folder / source.name).write_text(text.replace(INSTALLED_BINARY, str(COORDINATOR)))
     return folder
@@ -222,7 +225,7 @@ def verify_problems(folder: Path) -> list[str]:
 def test_systemd_analyze_verify_accepts_every_unit(tmp_path: Path) -> None:
     folder = installable_copy(tmp_path / "units")
     names = sorted(path.name for path in folder.iterdir())
-    assert names == sorted([*SERVICES, APPLY, TARGET])
+    assert names == sorted([*SERVICES, APPLY, RETAIN, RETAIN_TIMER, TARGET])
     assert verify_problems(folder) == []
 
 
@@ -282,7 +285,7 @@ def exposure(folder: Path, name: str) -> float:
 
 def test_every_service_unit_stays_under_the_exposure_ceiling(tmp_path: Path) -> None:
     folder = installable_copy(tmp_path / "units")
-    scores = {name: exposure(folder, name) for name in (*SERVICES, APPLY)}
+    scores = {name: exposure(folder, name) for name in (*SERVICES, APPLY, RETAIN)}
     assert {name: score for name, score in scores.items() if score > SECURITY_CEILING} == {}
 
 
@@ -313,7 +316,7 @@ def test_every_service_unit_has_the_required_settings(name: str) -> None:
         assert key not in service, f"{name}: {key}= widens what the unit may write"
 
 
-@pytest.mark.parametrize("name", (*SERVICES, APPLY))
+@pytest.mark.parametrize("name", (*SERVICES, APPLY, RETAIN))
 def test_only_the_journal_units_write_the_state_folder(name: str) -> None:
     unit = read_unit(name)
     hidden = listed(unit, "Service", "InaccessiblePaths")
@@ -326,7 +329,7 @@ def test_only_the_journal_units_write_the_state_folder(name: str) -> None:
         assert f"-{JOURNAL_DIR}" in hidden
 
 
-@pytest.mark.parametrize("name", (*SERVICES, APPLY))
+@pytest.mark.parametrize("name", (*SERVICES, APPLY, RETAIN))
 def test_only_the_apply_unit_sees_the_migration_url(name: str) -> None:
     # apply-secrets holds the migration URL (and the rest of what apply reads); apply alone
     # sees it, in place of the secrets folder, so one runtime file serves every unit.
@@ -372,6 +375,63 @@ def test_the_apply_unit_is_a_sandboxed_oneshot() -> None:
     assert "Install" not in unit
 
 
+RETAIN_REQUIRED = {
+    **{key: value for key, value in APPLY_REQUIRED.items() if key != "RemainAfterExit"},
+    "TimeoutStartSec": "2h",
+    "RuntimeDirectory": "registry-coordinator-retain",
+    "RuntimeDirectoryMode": "0700",
+    "EnvironmentFile": "/etc/registry-coordinator/retain.env",
+}
+
+
+def test_the_retain_unit_is_a_sandboxed_oneshot_that_logs_in_then_erases() -> None:
+    unit = read_unit(RETAIN)
+    service = unit["Service"]
+    wrong = {
+        key: service.get(key, ["<missing>"])[-1]
+        for key, value in RETAIN_REQUIRED.items()
+        if service.get(key, ["<missing>"])[-1] != value
+    }
+    assert wrong == {}
+    assert "RemainAfterExit" not in service  # each start runs it again
+    for key in WIDENING:
+        assert key not in service, f"{RETAIN}: {key}= widens what the unit may write"
+    environment = dict(line.split("=", 1) for line in service["Environment"])
+    assert environment == {
+        "COORDINATOR_RUNTIME_CONFIG": INSTALLED_RUNTIME,
+        "COORDINATOR_TOKEN_FILE": "/run/registry-coordinator-retain/token",
+    }
+    [login] = service["ExecStartPre"]
+    assert shlex.split(login) == [
+        INSTALLED_CTL,
+        "login",
+        "--private-key-file",
+        f"{SECRET_FOLDERS[0]}/retain-client.jwk",
+    ]
+    [retain] = service["ExecStart"]
+    assert shlex.split(retain) == [
+        INSTALLED_CTL,
+        "retain",
+        "--older-than",
+        "${RETAIN_OLDER_THAN}",
+        "--limit",
+        "100",
+        "--all",
+    ]
+    # Started by its timer, never enabled on its own, and never a part of the target.
+    assert "Install" not in unit
+    assert RETAIN not in listed(read_unit(TARGET), "Unit", "Wants")
+
+
+def test_the_retain_timer_runs_it_daily_and_catches_up_after_downtime() -> None:
+    timer = read_unit(RETAIN_TIMER)
+    assert timer["Timer"]["OnCalendar"] == ["daily"]
+    assert timer["Timer"]["Persistent"] == ["yes"]
+    assert timer["Install"]["WantedBy"] == ["timers.target"]
+    # A timer starts the service of its own name.
+    assert "Unit" not in timer["Timer"]
+
+
 @pytest.mark.parametrize("name", SERVICES)
 def test_components_start_only_after_apply_succeeded(name: str) -> None:
     unit = read_unit(name)
@@ -385,7 +445,7 @@ def test_components_start_only_after_apply_succeeded(name: str) -> None:
         assert APPLY not in listed(unit, "Unit", "Requires") | listed(unit, "Unit", "Wants")
 
 
-@pytest.mark.parametrize("name", (*SERVICES, APPLY))
+@pytest.mark.parametrize("name", (*SERVICES, APPLY, RETAIN))
 def test_no_unit_manages_a_folder_that_holds_secrets(name: str) -> None:
     # systemd chowns the folders these directives name when a unit starts, and removes a
     # RuntimeDirectory= when it stops: none may be a secret folder or a parent of one.

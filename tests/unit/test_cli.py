@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cli.main import default_idempotency_key
+from cli.main import default_idempotency_key, json_requested
 from core import __version__
 from tests.helpers.cli_run import run_cli
 from tests.helpers.refusals import json_refusal
@@ -39,6 +39,8 @@ class Recorder:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.answer: tuple[int, str, dict[str, Any]] = (200, "application/json", {})
+        self.script: list[tuple[int, str, dict[str, Any]]] = []
+        """Answers for the next requests, in order, before ``answer`` again."""
 
 
 @pytest.fixture
@@ -57,7 +59,9 @@ def gateway() -> Iterator[tuple[str, Recorder]]:
                     "body": json.loads(body) if body else None,
                 }
             )
-            status, content_type, document = recorder.answer
+            status, content_type, document = (
+                recorder.script.pop(0) if recorder.script else recorder.answer
+            )
             data = json.dumps(document).encode()
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -292,6 +296,68 @@ def test_retain_dry_run_asks_for_a_dry_run_and_a_plain_retain_does_not(ctl: Ctl)
     assert dry["path"] == real["path"] == "/v1/operator/retain"
     assert dry["body"] == {"before": "2026-07-01T00:00:00Z", "limit": 10, "dryRun": True}
     assert real["body"] == {"before": "2026-07-01T00:00:00Z", "limit": 10}
+
+
+def test_retain_older_than_computes_the_cutoff_from_now(ctl: Ctl) -> None:
+    ctl.recorder.answer = (200, "application/json", {"erased": 0, "runIds": []})
+    earliest = datetime.now(UTC).replace(microsecond=0) - timedelta(days=30)
+    assert ctl("retain", "--older-than", "30d", "--limit", "10")[0] == 0
+    latest = datetime.now(UTC) - timedelta(days=30)
+    [sent] = ctl.recorder.requests
+    cutoff = datetime.fromisoformat(sent["body"]["before"].replace("Z", "+00:00"))
+    assert earliest <= cutoff <= latest
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--limit", "10"],
+        ["--limit", "10", "--before", "2026-07-01T00:00:00Z", "--older-than", "30d"],
+        ["--limit", "10", "--older-than", "30 days"],
+        ["--limit", "10", "--older-than", "0d"],
+        ["--limit", "10", "--older-than", "30d", "--all", "--dry-run"],
+    ],
+)
+def test_retain_cutoff_options_are_usage_errors_when_wrong(ctl: Ctl, args: list[str]) -> None:
+    assert ctl("retain", *args)[0] == 2
+    assert ctl.recorder.requests == []
+
+
+def test_retain_all_calls_again_with_one_cutoff_until_a_call_erases_less_than_the_limit(
+    ctl: Ctl,
+) -> None:
+    ctl.recorder.script = [
+        (200, "application/json", {"erased": 2, "runIds": ["a", "b"]}),
+        (200, "application/json", {"erased": 2, "runIds": ["c", "d"]}),
+        (200, "application/json", {"erased": 1, "runIds": ["e"]}),
+    ]
+    ctl.recorder.answer = (500, "application/json", {})  # a fourth call would fail the test
+    code, out, err = ctl(
+        "retain", "--before", "2026-07-01T00:00:00Z", "--limit", "2", "--all", "--output", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out) == {
+        "before": "2026-07-01T00:00:00Z",
+        "erased": 5,
+        "calls": 3,
+        "runIds": ["a", "b", "c", "d", "e"],
+    }
+    assert [r["body"] for r in ctl.recorder.requests] == [
+        {"before": "2026-07-01T00:00:00Z", "limit": 2}
+    ] * 3
+
+
+def test_retain_all_stops_at_the_first_refusal(ctl: Ctl) -> None:
+    ctl.recorder.script = [(200, "application/json", {"erased": 2, "runIds": ["a", "b"]})]
+    ctl.recorder.answer = (
+        403,
+        "application/problem+json",
+        {"code": "authorization.refused", "detail": "no"},
+    )
+    code, _, err = ctl("retain", "--older-than", "400d", "--limit", "2", "--all")
+    assert code == 1
+    assert last_line(err).startswith("coordinator.authorization.refused")
+    assert len(ctl.recorder.requests) == 2
 
 
 def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:
@@ -540,3 +606,37 @@ def test_coordinator_runtime_config_stands_in_for_the_option_and_the_option_wins
     ):
         code, _, err = run_cli(args, capsys)
         assert code == 1 and last_line(err).startswith("coordinator.config.invalid: namespace")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["list", "--state", "bogus", "--output", "json"],
+        ["--output", "json", "list", "--state", "bogus"],
+        ["retain", "--limit", "10", "--output=json"],
+        ["doctor", "--output", "json", "--no-such-option"],
+    ],
+)
+def test_a_usage_error_under_json_output_is_json_too(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(args, capsys)
+    assert code == 2
+    assert out == ""
+    document = json.loads(err.splitlines()[0])
+    assert document["code"] == "coordinator.usage.invalid"
+    assert document["detail"]
+
+
+def test_a_usage_error_in_text_has_no_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["list", "--state", "bogus"], capsys)
+    assert code == 2
+    assert "Usage: coordinatorctl list" in err and "{" not in err.splitlines()[0]
+
+
+def test_json_is_asked_for_only_by_the_output_option() -> None:
+    assert json_requested(["list", "--output", "json"])
+    assert json_requested(["--output=json", "doctor"])
+    assert not json_requested(["list", "--output", "text"])
+    assert not json_requested(["start", "--", "--output", "json"])
+    assert not json_requested(["list", "--output"])
