@@ -682,8 +682,8 @@ def made(readme: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     assert shutil.which("openssl"), "openssl makes the README's keys and certificates"
     result = subprocess.run(
         ["/bin/sh", "-eu", "-c", readme_secret_commands(readme)],
-        cwd=top,
-        env={"PATH": os.environ["PATH"], "HOME": str(top), "LANG": "C.UTF-8"},
+        cwd="/",  # the commands find their folder by $CHECKOUT, from anywhere
+        env={"PATH": os.environ["PATH"], "HOME": str(top), "LANG": "C.UTF-8", "CHECKOUT": str(top)},
         capture_output=True,
         text=True,
         timeout=120,

@@ -216,8 +216,8 @@ class Trial:
         script = "\n".join(blocks)
         found = subprocess.run(
             ["/bin/sh", "-eu", "-c", script],
-            cwd=self.root,
-            env=self.env,
+            cwd="/",  # the commands find their folder by $CHECKOUT, from anywhere
+            env={**self.env, "CHECKOUT": str(self.root)},
             capture_output=True,
             text=True,
             timeout=300,
