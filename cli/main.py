@@ -427,7 +427,11 @@ def login(
         _usage(f"--client-id (or {CLIENT_ID_ENV}) is required for this command")
     assertion_audience = "token-endpoint"
     algorithms: tuple[str, ...] = ()
-    if g.runtime_config is not None:
+    # The runtime file fills what the options leave out (and says what a client assertion
+    # names as its audience); a person who gave both URLs needs no access to it, which an
+    # operator's own account usually lacks.
+    needed = not (issuer and audience) or private_key_file is not None
+    if g.runtime_config is not None and needed:
         from core.config.load import load_runtime_file
 
         settings = load_runtime_file(g.runtime_config).deployment.authentication

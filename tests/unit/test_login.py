@@ -287,3 +287,30 @@ def test_missing_or_clashing_options_are_usage_errors(
     status, _, err = run_cli(["login", *args], capsys)
     assert status == 2
     assert words in err
+
+
+def test_a_person_who_names_both_urls_needs_no_runtime_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    # An unreadable runtime file named by the environment, as on an operator's own account:
+    # with --issuer and --audience given it is never opened (the issuer, unreachable here,
+    # is what refuses).
+    monkeypatch.setenv("COORDINATOR_RUNTIME_CONFIG", str(tmp_path / "missing.yaml"))
+    status, _, err = run_cli(
+        [
+            "login",
+            "--client-id",
+            "ops",
+            "--token-file",
+            str(tmp_path / "t"),
+            "--issuer",
+            "http://127.0.0.1:9",
+            "--audience",
+            AUDIENCE,
+        ],
+        capsys,
+    )
+    assert status == 1
+    assert err.strip().splitlines()[-1] == (
+        "coordinator.auth.login-refused: cannot reach the issuer at http://127.0.0.1:9"
+    )
