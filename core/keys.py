@@ -49,8 +49,10 @@ class KeyFingerprints:
 
 
 def resolver_for(config: RuntimeConfig) -> SecretResolver:
-    """The secret resolver of a runtime file's providers."""
-    return SecretResolver.from_providers(config.secret_providers)
+    """The secret resolver of a runtime file's ``secretProviders`` block."""
+    providers = config.secret_providers
+    root = providers.file.root if providers.file is not None else None
+    return SecretResolver(file_root=root, environment=providers.environment)
 
 
 def state_key_fingerprints(

@@ -36,15 +36,12 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from core.codes import Code
 from core.errors import ConfigInvalid, CoordinatorError
-
-if TYPE_CHECKING:
-    from core.config.model import SecretProviders
 
 KEY_LENGTH = 32
 """Bytes in each of the state, admission and audit keys."""
@@ -128,14 +125,6 @@ class SecretResolver:
         self._environment = environment
         self._environ = environ
         self._expected_uid = os.geteuid() if expected_uid is None else expected_uid
-
-    @classmethod
-    def from_providers(
-        cls, providers: SecretProviders, *, environ: Mapping[str, str] | None = None
-    ) -> SecretResolver:
-        """A resolver for the ``secretProviders`` block of a loaded runtime file."""
-        root = providers.file.root if providers.file is not None else None
-        return cls(file_root=root, environment=providers.environment, environ=environ)
 
     # -- typed readers -------------------------------------------------------------------
 

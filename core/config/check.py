@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.config.load import Loaded, read_runtime_file
+from core.config.context import Loaded
+from core.config.load import read_runtime_file
 from core.config.model import CheckedDeployment, RuntimeConfig
 from core.errors import ConfigInvalid, CoordinatorError
 from core.paths import index, key

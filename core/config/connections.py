@@ -8,9 +8,9 @@ judged from the file alone. Which connections the packages need is checked in
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from core.config import reader as r
+from core.config.context import Context
 from core.config.model import (
     CASEWORK,
     CONNECTION_TYPES,
@@ -23,9 +23,6 @@ from core.config.model import (
 from core.errors import ConfigInvalid
 from core.paths import index, key
 from core.yamlsafe import FAILED, Maybe, Problems, need, need_all
-
-if TYPE_CHECKING:
-    from core.config.load import Context
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")

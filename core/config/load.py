@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from core import yamlsafe
 from core.config import reader as r
 from core.config.connections import check_name, read_connections
+from core.config.context import Context, Loaded
 from core.config.model import (
     ASSERTION_AUDIENCE_TOKEN_ENDPOINT,
     CLIENT_ASSERTION_AUDIENCES,
@@ -39,7 +40,6 @@ from core.config.model import (
     TLS_TERMINATION,
     Authentication,
     BindAddress,
-    Connection,
     DatabaseSettings,
     Deployment,
     EventSource,
@@ -79,33 +79,6 @@ WORKFLOW_ID = re.compile(r"[a-z][a-z0-9-]{0,62}")
 
 
 @dataclass
-class Loaded:
-    """What of a runtime file could be read, for the checks that join it with its packages.
-
-    Filled while the file is read, so those checks can run on the parts that loaded even
-    when other parts were refused. ``connections`` is None when the block could not be read
-    at all; ``unreadable_connections`` names entries that were refused (no rule about them
-    is judged against the packages).
-    """
-
-    pins: tuple[PackagePin, ...] | None = None
-    connections: dict[str, Connection] | None = field(default_factory=dict)
-    unreadable_connections: set[str] = field(default_factory=set)
-    policies: dict[str, Policy] = field(default_factory=dict)
-    event_sources: dict[str, EventSource] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: RuntimeConfig) -> Loaded:
-        """Everything of a file that loaded whole."""
-        return cls(
-            pins=config.deployment.packages,
-            connections=dict(config.connections),
-            policies=dict(config.deployment.authentication.policies),
-            event_sources=dict(config.event_sources),
-        )
-
-
-@dataclass
 class Reading:
     """One reading of a runtime file: the record (FAILED when anything was refused), what
     loaded of it, and every refusal found."""
@@ -113,15 +86,6 @@ class Reading:
     config: Maybe[RuntimeConfig]
     loaded: Loaded
     problems: Problems
-
-
-@dataclass
-class Context:
-    problems: Problems
-    loaded: Loaded
-    base: Path
-    providers: SecretProviders | None = None
-    """None until read, and when refused: then references are judged by form only."""
 
 
 def load_runtime_file(path: Path) -> RuntimeConfig:

@@ -83,13 +83,6 @@ def check_source(source: bytes) -> Workflow:
     return draft.workflow()
 
 
-def check_workflow(wf: Workflow) -> None:
-    """Every rule beyond the document's shape; raises PackageInvalid with the first problem."""
-    problems = Problems()
-    _judge(Draft.of(wf), problems)
-    problems.raise_first()
-
-
 class _Judge:
     """What every rule of one workflow consults: the draft, where problems go, and whether
     the input schema can be trusted for ``${input…}`` lookups."""

@@ -34,6 +34,9 @@ from core.workflow.graph_layout import (
     layout,
     text_width,
 )
+from core.workflow.graph_model import Edge as Edge
+from core.workflow.graph_model import Graph as Graph
+from core.workflow.graph_model import Node as Node
 from core.workflow.model import (
     All,
     CallStep,
@@ -56,47 +59,6 @@ CANCEL = "_cancel"
 """Pseudo-node ids; a step id starts with a letter, so neither can be a step's."""
 
 # ------------------------------------------------------------------------------- the graph
-
-
-@dataclass(frozen=True)
-class Node:
-    """A step, or the ``start`` / ``on cancel`` marker."""
-
-    id: str
-    kind: str
-    """The step type (``call``, ``choose``, ``wait-until``, ``wait-for``, ``finish``), or
-    ``start`` / ``cancel`` for the markers."""
-    title: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class Edge:
-    """One way a run moves on from ``source`` to ``target``."""
-
-    source: str
-    target: str
-    kind: str
-    """``start``, ``next``, ``choose``, ``otherwise``, ``onRefused``, ``onTimeout`` or
-    ``onCancel``."""
-    label: str
-    branch: int | None = None
-
-    @property
-    def id(self) -> str:
-        """Unique in a graph: a step has at most one edge of each kind (branches numbered)."""
-        suffix = f"-{self.branch}" if self.branch is not None else ""
-        return f"edge-{self.source}-{self.kind}{suffix}"
-
-
-@dataclass(frozen=True)
-class Graph:
-    """A workflow's nodes (markers first, then steps in source order) and edges."""
-
-    workflow_id: str
-    version: str
-    nodes: tuple[Node, ...]
-    edges: tuple[Edge, ...]
 
 
 def _seconds(n: int) -> str:

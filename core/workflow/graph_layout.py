@@ -17,10 +17,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from core.workflow.graph import Edge, Graph, Node
+from core.workflow.graph_model import Edge, Graph, Node
 
 TITLE_PX, DETAIL_PX, LABEL_PX = 13, 11, 11
 CHAR = 0.6  # a monospace glyph's advance, in ems: what text widths are measured with

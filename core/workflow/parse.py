@@ -116,24 +116,6 @@ class Draft:
     steps_complete: bool = False
     """Every step parsed and their number is allowed: the graph can be judged as a whole."""
 
-    @classmethod
-    def of(cls, wf: Workflow) -> Draft:
-        """The draft of a workflow that parsed whole."""
-        return cls(
-            id=wf.id,
-            version=wf.version,
-            description=wf.description,
-            input_schema=wf.input_schema,
-            connections=dict(wf.connections),
-            connection_names=frozenset(wf.connections),
-            outcomes=wf.outcomes,
-            start=wf.start,
-            on_cancel=wf.on_cancel,
-            steps=dict(wf.steps),
-            step_names=frozenset(wf.steps),
-            steps_complete=True,
-        )
-
     @property
     def connections_complete(self) -> bool:
         """Every declared connection parsed."""
@@ -242,14 +224,9 @@ def _step_ref(value: Any, path: str) -> str:
     return _name(value, path, "a step name")
 
 
-def load_document(source: bytes) -> dict[str, Any]:
-    """Strictly load the YAML of a workflow source (size, YAML rules, plain data)."""
-    document, _ = load_marked_document(source)
-    return document
-
-
 def load_marked_document(source: bytes) -> tuple[dict[str, Any], Marks]:
-    """:func:`load_document`, and where each key path of the source sits.
+    """Strictly load the YAML of a workflow source (size, YAML rules, plain data), and say
+    where each key path of the source sits.
 
     A source that is not plain data is refused at once, with that one problem.
     """

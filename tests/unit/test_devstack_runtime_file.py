@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.config import check_runtime_file
-from core.secrets import SecretResolver
+from core.keys import resolver_for
 from devstack.runtime_file import write_local_deployment
 from tests.helpers.packages import make_package
 
@@ -69,7 +69,7 @@ def test_generated_file_passes_check_and_its_secrets_resolve(
     secret_dir = stack / "secrets"
     assert _mode(secret_dir) == 0o700
     assert _mode(stack / "sockets") == 0o700
-    reader = SecretResolver.from_providers(config.secret_providers)
+    reader = resolver_for(config)
     keys = {
         reader.read_key(config.deployment.admission_key_ref),
         reader.read_key(config.deployment.audit_key_ref),
@@ -106,7 +106,7 @@ def test_database_secret_files_are_copied_in(
         tmp_path / "stack", packages=packages[1:], database_secret_files=files, ports=PORTS
     )
     config = check_runtime_file(runtime).config
-    reader = SecretResolver.from_providers(config.secret_providers)
+    reader = resolver_for(config)
     assert reader.read_text(config.database.runtime_url_ref).startswith("postgresql://runtime@")
     assert reader.read_text(config.database.migration_url_ref).startswith("postgresql://migrator@")
     assert config.database.trusted_root_certificate_ref is None

@@ -16,6 +16,7 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from core.codes import Code
 from core.config import load_runtime_file
 from core.errors import ConfigInvalid
+from core.keys import resolver_for
 from core.secrets import SecretError, SecretRef, SecretResolver, parse_reference
 from tests.helpers.runtime_files import complete_runtime, write_runtime
 
@@ -393,6 +394,6 @@ def test_resolver_from_a_runtime_files_providers(
     monkeypatch.setenv(
         "COORDINATOR_MIGRATION_URL", "postgresql://migrator@db/coord?sslmode=require"
     )
-    reader = SecretResolver.from_providers(config.secret_providers)
+    reader = resolver_for(config)
     assert reader.read_key(config.deployment.admission_key_ref) == KEY
     assert reader.read_text(config.database.migration_url_ref).startswith("postgresql://migrator@")
