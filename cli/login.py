@@ -52,6 +52,7 @@ from cli.api import client_tls, read_token_file
 from core.codes import Code
 from core.config.reader import is_loopback_host
 from core.errors import CoordinatorError
+from core.products.token_client import OAUTH_ERRORS
 from core.secrets import SecretError, SecretRef, SecretResolver
 
 DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -67,22 +68,13 @@ ASSERTION_LIFETIME_SECONDS = 60
 TIMEOUT_SECONDS = 15.0
 REFRESH_SUFFIX = ".refresh"
 _FORM = {"Accept": "application/json"}
-# OAuth error codes safe to repeat (RFC 6749 §5.2, RFC 8628 §3.5, RFC 8707).
-_KNOWN_ERRORS = frozenset(
-    {
-        "invalid_request",
-        "invalid_client",
-        "invalid_grant",
-        "unauthorized_client",
-        "unsupported_grant_type",
-        "invalid_scope",
-        "invalid_target",
-        "access_denied",
-        "expired_token",
-        "authorization_pending",
-        "slow_down",
-    }
-)
+# OAuth error codes safe to repeat: the token endpoint's, and the device grant's (RFC 8628 §3.5).
+_KNOWN_ERRORS = OAUTH_ERRORS | {
+    "access_denied",
+    "expired_token",
+    "authorization_pending",
+    "slow_down",
+}
 
 Sleep = Callable[[float], None]
 Clock = Callable[[], float]

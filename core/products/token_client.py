@@ -55,8 +55,9 @@ UNRECOGNISED = "unrecognised-error"
 """The error of a refusal whose OAuth error code is not one of the known ones."""
 _FORM = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
 _ALGORITHMS = ("ES256", "RS256")
-# OAuth error codes (RFC 6749 §5.2, RFC 8707) safe to repeat in a message.
-_KNOWN_ERRORS = frozenset(
+# OAuth error codes (RFC 6749 §5.2, RFC 8707) safe to repeat in a message (coordinatorctl
+# login adds the device grant's).
+OAUTH_ERRORS = frozenset(
     {
         "invalid_request",
         "invalid_client",
@@ -306,7 +307,7 @@ def _error_code(answer: Answer) -> str:
         error = json.loads(answer.body).get("error")
     except (ValueError, AttributeError):
         return UNRECOGNISED
-    return error if error in _KNOWN_ERRORS else UNRECOGNISED
+    return error if error in OAUTH_ERRORS else UNRECOGNISED
 
 
 def credentials_for(
