@@ -35,7 +35,7 @@ from core.payloads import seal_json, statement, transaction
 from core.runtime import Store
 from core.states import SentNothing, Transition
 from dispatcher.claim import Claimed
-from dispatcher.tx import Prepared, Settlement, Tx
+from dispatcher.tx import UNCERTAIN_CAUSES, Prepared, Settlement, Tx
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -180,6 +180,51 @@ class Settler:
                 claimed.step_id,
                 settlement.describe(outcome),
             )
+        return outcome
+
+    async def uncertain(
+        self, claimed: Claimed, cause: str, cause_status: int | None = None
+    ) -> Transition:
+        """The step's command may have been processed: it waits for an operator and its run
+        is held (``step_make_uncertain``), in one statement; retried while the database is
+        away. Answers what it did.
+
+        ``cause`` says how the answer went missing (one of :data:`UNCERTAIN_CAUSES`);
+        ``cause_status`` is the product's status, given with ``status-5xx`` only.
+        """
+        if cause not in UNCERTAIN_CAUSES:
+            raise ValueError(f"not a cause of an uncertain step: {cause!r}")
+        if cause_status is not None and cause != "status-5xx":
+            raise ValueError("a cause status goes with status-5xx only")
+
+        async def attempt() -> tuple[Transition, str | None]:
+            async with statement(self.store) as conn:
+                row = await self.store.queries.dispatcher_step_uncertain(
+                    conn,
+                    run_id=claimed.run_id,
+                    step_id=claimed.step_id,
+                    owner=self.owner,
+                    cause=cause,
+                    cause_status=cause_status,
+                )
+                assert row is not None  # step_make_uncertain answers one row
+                outcome = Transition(row["outcome"])
+                if outcome is Transition.LEASE_LOST:
+                    await self._report_lost(conn, claimed)
+            return outcome, row["run_state"]
+
+        outcome, run_state = await self._retrying(attempt)
+        if not outcome.moved:
+            if outcome is not Transition.LEASE_LOST:
+                self._report(claimed, outcome)
+            return outcome
+        if outcome is Transition.RUN_ENDED:
+            what = "the run had ended"
+        elif run_state == "cancelled":
+            what = "the cancelled run ended: nothing of it is live"
+        else:
+            what = "the run is held for an operator"
+        log.info("run %s step %s: uncertain (%s); %s", claimed.run_id, claimed.step_id, cause, what)
         return outcome
 
     async def prepare(

@@ -360,36 +360,6 @@ class Tx:
     async def _run_progress(self, state: str) -> None:
         await self._queries.dispatcher_run_progress(self._conn, run_id=self._run_id, state=state)
 
-    # ------------------------------------------------------------------------ call
-
-    async def uncertain(self, cause: str, cause_status: int | None = None) -> None:
-        """The command may have been processed: the step waits for an operator, run held.
-
-        ``cause`` says how the answer went missing (one of :data:`UNCERTAIN_CAUSES`);
-        ``cause_status`` is the product's status, given with ``status-5xx`` only.
-        """
-        if cause not in UNCERTAIN_CAUSES:
-            raise ValueError(f"not a cause of an uncertain step: {cause!r}")
-        if cause_status is not None and cause != "status-5xx":
-            raise ValueError("a cause status goes with status-5xx only")
-        await self._queries.dispatcher_step_uncertain(
-            self._conn,
-            run_id=self._run_id,
-            step_id=self._step_id,
-            cause=cause,
-            cause_status=cause_status,
-        )
-        self._changed("uncertain (%s); the run is held for an operator", cause)
-        await self._queries.dispatcher_run_hold(self._conn, run_id=self._run_id)
-        # The run keeps its attention (the step stays unknown), even once it is cancelled.
-        if not self.abandoned or self.cancel_seq is not None or self.run_ended:
-            return
-        if await self._queries.dispatcher_run_close_cancelled(
-            self._conn, run_id=self._run_id, step_id=self._step_id
-        ):
-            self._changed("the cancelled run ended: nothing of it is live")
-            self.run_ended = True
-
     # -------------------------------------------------------------------- wait-for
 
     async def plan_check(self, match: bytes, timeout_at: datetime | None, delay: float) -> None:

@@ -391,37 +391,6 @@ class Statements(Queries):
         )
         return result
 
-    async def dispatcher_run_close_cancelled(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-    ) -> bool:
-        """A run locked by dispatcher_step_lock is being cancelled without an onCancel path: end
-        it cancelled when no step of it besides step_id is live (run_close_cancelled in
-        transitions.sql). Answers whether it ended.
-        """
-        result: bool = await conn.fetchval(
-            self["dispatcher_run_close_cancelled"],
-            run_id,
-            step_id,
-        )
-        return result
-
-    async def dispatcher_run_hold(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-    ) -> str:
-        """A run has an uncertain step: held for an operator, with attention."""
-        result: str = await conn.execute(
-            self["dispatcher_run_hold"],
-            run_id,
-        )
-        return result
-
     async def dispatcher_run_progress(
         self,
         conn: Connection,
@@ -640,18 +609,24 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
+        owner: str,
         cause: str,
         cause_status: int | None,
-    ) -> str:
-        """A step locked by dispatcher_step_lock was sent and its effect is unknown: it waits for
-        an operator and is never resent by the dispatcher. ``cause``: how the answer went
-        missing (see step.cause in schema.sql). ``cause_status``: the product's status for
-        status-5xx, null otherwise.
+    ) -> Record | None:
+        """The command of a call step leased to owner may have been processed: the step waits for
+        an operator (cause says how the answer went missing, cause_status is the product's
+        status for status-5xx) and its run is held, or ends cancelled when a cancel abandoned
+        the step and nothing else of it is live. One call of step_make_uncertain in
+        transitions.sql, which says what each outcome wrote; always one row, with the run's
+        state afterwards when the step was written (null otherwise, or when the run had
+        ended). ``cause``: see step.cause in schema.sql. ``cause_status``: the product's
+        status for status-5xx, null otherwise.
         """
-        result: str = await conn.execute(
+        result: Record | None = await conn.fetchrow(
             self["dispatcher_step_uncertain"],
             run_id,
             step_id,
+            owner,
             cause,
             cause_status,
         )

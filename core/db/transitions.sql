@@ -140,6 +140,52 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_attention_recompute(p_run text) RETURNS vo
         END
     $$;
 
+-- The command of step p_step of run p_run, leased to p_owner, may have been processed and
+-- nobody can know (the answer went missing: p_cause, with the product's p_cause_status for
+-- status-5xx): the step becomes uncertain with an unknown effect, unleased and never due, for
+-- an operator to settle; nothing is ever resent. The run is held with attention, unless it
+-- ended meanwhile (outcome run-ended: it stays as it ended). When a cancel abandoned the step
+-- (outcome abandoned) the step still waits for an operator, and a run with no onCancel path
+-- and nothing else live ends cancelled, keeping the attention (run_close_cancelled).
+CREATE OR REPLACE FUNCTION {{ns}}.step_make_uncertain(
+    p_run text, p_step text, p_owner text, p_cause text, p_cause_status integer,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            l record;
+        BEGIN
+            SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
+            IF l.verdict <> 'ours' THEN
+                outcome := l.verdict;
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step
+               SET state = 'uncertain', effect = 'unknown', due_at = NULL,
+                   cause = p_cause, cause_status = p_cause_status,
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE run_id = p_run AND step_id = p_step;
+            IF l.run_ended THEN
+                outcome := 'run-ended';
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.run
+               SET state = 'held', attention = true, updated_at = {{ns}}.now()
+             WHERE id = p_run;
+            run_state := 'held';
+            IF l.abandoned THEN
+                outcome := 'abandoned';
+                IF {{ns}}.run_close_cancelled(p_run, p_step) THEN
+                    run_state := 'cancelled';
+                END IF;
+                RETURN;
+            END IF;
+            outcome := 'written';
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored

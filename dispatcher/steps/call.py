@@ -235,10 +235,7 @@ async def execute(
     if claimed.state == StepState.PREPARED:
         # Claimed with a prepared command and no record of its sending: whoever prepared
         # it may have sent it. Only an operator can settle that.
-        async def hold(tx: Tx) -> None:
-            await tx.uncertain(LEASE_EXPIRED)
-
-        await env.settler.settle(claimed, hold)
+        await env.settler.uncertain(claimed, LEASE_EXPIRED)
         return
     if claimed.past_deadline:
         await _fail(env, claimed, Failure("deadline-exceeded"))
@@ -382,9 +379,9 @@ async def _record(
         if not await tx.retry(delay, cause):
             await tx.settle(Settlement.failing(Failure("deadline-exceeded")))
 
-    async def uncertain(tx: Tx) -> None:
-        await tx.uncertain(result.cause or UNREADABLE_ANSWER, result.cause_status)
-
     # A lost lease is logged by the settler, in one line that says whether a restore-hold
     # took it.
-    await env.settler.settle(claimed, retryable if result.result == RETRYABLE else uncertain)
+    if result.result == RETRYABLE:
+        await env.settler.settle(claimed, retryable)
+    else:
+        await env.settler.uncertain(claimed, result.cause or UNREADABLE_ANSWER, result.cause_status)

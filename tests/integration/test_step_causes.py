@@ -23,11 +23,10 @@ from typing import Any
 import pytest
 
 from core.runtime import Store
-from core.states import SentNothing
+from core.states import SentNothing, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
-from dispatcher.tx import Tx
 from recovery import holds, reads
 from recovery.cancel import cancel as actions_cancel
 from recovery.env import RecoveryEnv
@@ -98,10 +97,7 @@ async def test_a_settled_uncertain_answer_shows_its_cause_and_status(
     claimed = await claim(dispatcher, run_id)
     await prepare(kit, dispatcher, claimed)
 
-    async def uncertain(tx: Tx) -> None:
-        await tx.uncertain("status-5xx", 502)
-
-    assert await dispatcher.settler.settle(claimed, uncertain) == (True, None)
+    assert await dispatcher.settler.uncertain(claimed, "status-5xx", 502) is Transition.WRITTEN
 
     step = await inspected_step(recovery_store, run_id)
     assert list(step) == [
@@ -130,14 +126,10 @@ async def test_an_uncertain_cause_must_be_one_the_dispatcher_gives(kit: Dispatch
     await prepare(kit, dispatcher, claimed)
 
     for cause in ("restore-snapshot", "token-refused", "timeout"):
-
-        async def uncertain(tx: Tx, cause: str = cause) -> None:
-            await tx.uncertain(cause)
-
         with pytest.raises(ValueError, match="not a cause"):
-            await dispatcher.settler.settle(claimed, uncertain)
+            await dispatcher.settler.uncertain(claimed, cause)
     with pytest.raises(ValueError, match="status-5xx only"):
-        await dispatcher.settler.settle(claimed, lambda tx: tx.uncertain("connection-lost", 500))
+        await dispatcher.settler.uncertain(claimed, "connection-lost", 500)
     assert (await kit.step(run_id, "send"))["state"] == "prepared"  # nothing was written
 
 
@@ -193,10 +185,7 @@ async def test_a_restore_hold_shows_restore_snapshot_and_keeps_an_earlier_cause(
     for run_id in (out, answered):
         await prepare(kit, dispatcher, claimed[run_id])
 
-    async def lost(tx: Tx) -> None:
-        await tx.uncertain("connection-lost")
-
-    await dispatcher.settler.settle(claimed[answered], lost)
+    await dispatcher.settler.uncertain(claimed[answered], "connection-lost")
 
     env = RecoveryEnv.from_store(recovery_store, kit.http, recovery_only=False)
     snapshot = await holds.restore_hold(env, "INC-2027-0042")
@@ -219,7 +208,7 @@ async def test_an_operator_keeps_the_cause_while_the_effect_is_unknown(
     run_id = await kit.start("notice", {"applicantRef": "applicant-7"})
     claimed = await claim(dispatcher, run_id)
     await prepare(kit, dispatcher, claimed)
-    await dispatcher.settler.settle(claimed, lambda tx: tx.uncertain("timeout-after-send"))
+    await dispatcher.settler.uncertain(claimed, "timeout-after-send")
 
     # retry-same: ready again with its command and key, the effect still unknown.
     q = recovery_store.queries
@@ -249,7 +238,7 @@ async def test_a_receipt_proving_the_command_never_arrived_clears_the_cause(
     run_id = await kit.start("notice", {"applicantRef": "applicant-8"})
     claimed = await claim(dispatcher, run_id)
     await prepare(kit, dispatcher, claimed)
-    await dispatcher.settler.settle(claimed, lambda tx: tx.uncertain("status-5xx", 504))
+    await dispatcher.settler.uncertain(claimed, "status-5xx", 504)
 
     q = recovery_store.queries
     async with recovery_store.connection() as conn, conn.transaction():

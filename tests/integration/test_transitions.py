@@ -1,6 +1,7 @@
 """Each outcome of the step transition functions (``core/db/transitions.sql``), driven through
 the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` for
-``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``) on the real
+``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``,
+:meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``) on the real
 PostgreSQL server, with the rows each leaves behind.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
@@ -229,6 +230,95 @@ async def test_settle_on_an_erased_run_keeps_no_payload(kit: DispatchKit) -> Non
         ("send", 1, "call", "completed", "accepted", False, False)
     ]
     assert await payloads(kit, claimed.run_id) == []
+
+
+# ------------------------------------------------------------------ step_make_uncertain
+
+
+async def attention(kit: DispatchKit, run_id: str) -> bool:
+    return bool((await kit.run(run_id))["attention"])
+
+
+async def test_uncertain_written_holds_the_run_for_an_operator(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    outcome = await dispatcher.settler.uncertain(claimed, "status-5xx", 503)
+    assert outcome is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "uncertain", "unknown", False, False)
+    ]
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["cause"], step["cause_status"]) == ("status-5xx", 503)
+    assert await run_row(kit, claimed.run_id) == ("held", None, None, None)
+    assert await attention(kit, claimed.run_id)
+
+
+async def test_uncertain_abandoned_ends_a_cancelled_run_keeping_the_attention(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await dispatcher.settler.uncertain(claimed, "timeout-after-send") is (
+        Transition.ABANDONED
+    )
+    # The step still waits for an operator: its effect is unknown whatever the cancel says.
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "uncertain", "unknown", False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+    assert await attention(kit, claimed.run_id)
+
+
+async def test_uncertain_abandoned_before_an_on_cancel_path_holds_the_run(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET cancelling = true, cancel_seq = 2 WHERE id = $1",
+        claimed.run_id,
+    )
+    assert await dispatcher.settler.uncertain(claimed, "connection-lost") is (Transition.ABANDONED)
+    assert await run_row(kit, claimed.run_id) == ("held", None, None, None)
+
+
+async def test_uncertain_on_an_ended_run_records_the_step_alone(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    assert await dispatcher.settler.uncertain(claimed, "lease-expired") is Transition.RUN_ENDED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "uncertain", "unknown", False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
+    assert not await attention(kit, claimed.run_id)
+
+
+@pytest.mark.parametrize(
+    ("change", "outcome"),
+    [
+        ("UPDATE {ns}.step SET lease_owner = 'another-dispatcher'", Transition.LEASE_LOST),
+        ("UPDATE {ns}.hold SET epoch = epoch + 1", Transition.RESTORE_HELD),
+    ],
+)
+async def test_uncertain_writes_nothing_without_the_lease(
+    kit: DispatchKit, change: str, outcome: Transition
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(change.format(ns=kit.ns))
+    before = (await everything(kit, claimed.run_id), await attention(kit, claimed.run_id))
+    assert await dispatcher.settler.uncertain(claimed, "connection-lost") is outcome
+    assert (await everything(kit, claimed.run_id), await attention(kit, claimed.run_id)) == before
+
+
+async def test_uncertain_after_a_settle_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.WRITTEN
+    before = await everything(kit, claimed.run_id)
+    assert await dispatcher.settler.uncertain(claimed, "connection-lost") is (
+        Transition.ALREADY_SETTLED
+    )
+    assert await everything(kit, claimed.run_id) == before
 
 
 # ------------------------------------------------------------------------ step_prepare

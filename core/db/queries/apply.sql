@@ -56,7 +56,8 @@ BEGIN
        TO {{admission}}, {{dispatcher}}, {{recovery}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,
-                              {{ns}}.step_settle, {{ns}}.step_prepare
+                              {{ns}}.step_settle, {{ns}}.step_prepare,
+                              {{ns}}.step_make_uncertain
        TO {{dispatcher}};
 
     -- Read by every component at startup to verify the activation (§6.4).

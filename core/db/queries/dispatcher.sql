@@ -355,19 +355,19 @@ WITH released AS (
 SELECT state FROM released;
 
 -- name: dispatcher_step_uncertain
--- A step locked by dispatcher_step_lock was sent and its effect is unknown: it waits for
--- an operator and is never resent by the dispatcher.
+-- The command of a call step leased to owner may have been processed: the step waits for
+-- an operator (cause says how the answer went missing, cause_status is the product's
+-- status for status-5xx) and its run is held, or ends cancelled when a cancel abandoned the
+-- step and nothing else of it is live. One call of step_make_uncertain in transitions.sql,
+-- which says what each outcome wrote; always one row, with the run's state afterwards when
+-- the step was written (null otherwise, or when the run had ended).
 -- $1 run_id (text)
 -- $2 step_id (text)
--- $3 cause (text): how the answer went missing (see step.cause in schema.sql)
--- $4 cause_status (integer, null): the product's status for status-5xx, null otherwise
--- returns: status
-UPDATE {{ns}}.step
-   SET state = 'uncertain', effect = 'unknown', due_at = NULL,
-       cause = $3::text, cause_status = $4::integer,
-       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-       updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2;
+-- $3 owner (text)
+-- $4 cause (text): see step.cause in schema.sql
+-- $5 cause_status (integer, null): the product's status for status-5xx, null otherwise
+-- returns: row
+SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_retry
 -- A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
@@ -424,14 +424,6 @@ UPDATE {{ns}}.run
    SET state = $2, updated_at = {{ns}}.now()
  WHERE id = $1 AND ended_at IS NULL;
 
--- name: dispatcher_run_hold
--- A run has an uncertain step: held for an operator, with attention.
--- $1 run_id (text)
--- returns: status
-UPDATE {{ns}}.run
-   SET state = 'held', attention = true, updated_at = {{ns}}.now()
- WHERE id = $1 AND ended_at IS NULL;
-
 -- name: dispatcher_step_prepare
 -- Commit the command of a call step leased to owner as prepared before it is sent: the
 -- stored command payload_id of an earlier attempt, or the sealed command (key_version,
@@ -478,12 +470,3 @@ SELECT outcome, attempts, first_of_run, since_admission, deadline_in
 SELECT outcome, run_state
   FROM {{ns}}.step_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                           $16, $17);
-
--- name: dispatcher_run_close_cancelled
--- A run locked by dispatcher_step_lock is being cancelled without an onCancel path: end
--- it cancelled when no step of it besides step_id is live (run_close_cancelled in
--- transitions.sql). Answers whether it ended.
--- $1 run_id (text)
--- $2 step_id (text)
--- returns: value (boolean)
-SELECT {{ns}}.run_close_cancelled($1, $2) AS ended;
