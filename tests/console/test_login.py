@@ -21,6 +21,7 @@ separate process, as an operator runs it:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CTL = Path(sys.executable).with_name("coordinatorctl")
 PROMPT = re.compile(r"open (?P<url>\S+) and enter the code (?P<code>\S+)")
 RETENTION = "retention-job"
+_sites = itertools.count(1)
 SIGN_IN_SECONDS = 60.0
 """The bound on a command waiting for the browser's steps (it polls every 5 s)."""
 
@@ -101,7 +103,10 @@ def site(
     postgres_server: PostgresCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("login")
-    database = postgres_server.create_database(f"coordinator_login_{os.getpid()}")
+    # Module fixtures may be set up twice in one session: pytest groups the browser tests of
+    # every module together, so this module's others come after another module's.
+    name = f"coordinator_login_{os.getpid()}_{next(_sites)}"
+    database = postgres_server.create_database(name)
     built = build_package(ROOT / "examples" / "approval-notice", root / "packages")
     stack = ProviderStack.prepare(
         root / "stack", packages=[(built.path, built.digest)], database=database
@@ -147,6 +152,7 @@ def site(
         if stack.provider is not None:
             stack.provider.stop()
         stack.stop()
+        postgres_server.drop_database(name)
 
 
 @pytest.fixture(autouse=True)
