@@ -182,6 +182,53 @@ class Settler:
             )
         return outcome
 
+    async def retry(
+        self, claimed: Claimed, delay: float, cause: SentNothing | None = None
+    ) -> Transition:
+        """The step was definitely not processed: ready again in ``delay`` seconds with the
+        same command and key (``step_retry``), in one statement; retried while the database
+        is away. Answers what it did.
+
+        ``cause`` is why nothing left when an operator must see it (``tls-refused``): the
+        step shows it and the run asks for attention until the step prepares again or ends.
+        An abandoned step ends cancelled instead, and one whose deadline the retry would
+        miss fails the run ``deadline-exceeded``.
+        """
+
+        async def attempt() -> tuple[Transition, str | None, Any]:
+            async with statement(self.store) as conn:
+                row = await self.store.queries.dispatcher_step_retry(
+                    conn,
+                    run_id=claimed.run_id,
+                    step_id=claimed.step_id,
+                    owner=self.owner,
+                    delay=delay,
+                    cause=cause,
+                )
+                assert row is not None  # step_retry answers one row
+                outcome = Transition(row["outcome"])
+                if outcome is Transition.LEASE_LOST:
+                    await self._report_lost(conn, claimed)
+            return outcome, row["run_state"], row["due_at"]
+
+        outcome, run_state, due_at = await self._retrying(attempt)
+        if not outcome.moved:
+            if outcome is not Transition.LEASE_LOST:
+                self._report(claimed, outcome)
+            return outcome
+        if due_at is None:
+            what = (
+                "the retry would miss its deadline: failed, the run failed deadline-exceeded"
+                if run_state == "failed"
+                else f"cancelled ({outcome}): nothing follows"
+            )
+        elif cause is None:
+            what = f"ready again in {delay:.0f} s"
+        else:
+            what = f"sent nothing ({cause}); ready again in {delay:.0f} s"
+        log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
+        return outcome
+
     async def uncertain(
         self, claimed: Claimed, cause: str, cause_status: int | None = None
     ) -> Transition:

@@ -35,7 +35,7 @@ from core.crypto import Keyring
 from core.db.statements import Statements
 from core.payloads import seal_json
 from core.runtime import Store
-from core.states import RunState, SentNothing, StepState, Transition
+from core.states import RunState, StepState, Transition
 from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 
@@ -58,7 +58,8 @@ one."""
 
 def misses_deadline(deadline_at: datetime | None, now: datetime, delay: float) -> bool:
     """Whether a retry ``delay`` seconds after ``now`` would come too late for a step due
-    by ``deadline_at`` (then the run fails ``deadline-exceeded``)."""
+    by ``deadline_at`` (then the run fails ``deadline-exceeded``): the simulator's copy of
+    the rule ``step_retry`` (transitions.sql) applies in the database."""
     return deadline_at is not None and (deadline_at - now).total_seconds() <= delay
 
 
@@ -313,31 +314,6 @@ class Tx:
     async def cancel(self) -> None:
         """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
         await self.settle(CANCEL)
-
-    async def retry(self, delay: float, cause: SentNothing | None = None) -> bool:
-        """Due again in ``delay`` seconds; False (nothing written) if that misses the deadline.
-
-        ``cause`` is why nothing left when an operator must see it (``tls-refused``): the
-        step shows it and the run asks for attention until the step prepares again or ends.
-        An abandoned step is never tried again: it ends cancelled (True: nothing more to do).
-        """
-        if self.abandoned:
-            await self.cancel()
-            return True
-        if misses_deadline(self.deadline_at, self.now, delay):
-            return False
-        await self._queries.dispatcher_step_retry(
-            self._conn,
-            run_id=self._run_id,
-            step_id=self._step_id,
-            delay=delay,
-            cause=None if cause is None else SentNothing(cause),
-        )
-        if cause is None:
-            self._changed("ready again in %.0f s", delay)
-        else:
-            self._changed("sent nothing (%s); ready again in %.0f s", cause, delay)
-        return True
 
     async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:
         """The step waits until ``due_at`` (or an outside event); the run is waiting.

@@ -141,7 +141,7 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "dispatcher_step_lock": 3,
     "dispatcher_step_prepare": 9,
     "dispatcher_step_release": 4,
-    "dispatcher_step_retry": 4,
+    "dispatcher_step_retry": 5,
     "dispatcher_step_sent_nothing": 6,
     "dispatcher_step_settle": 17,
     "dispatcher_step_uncertain": 5,

@@ -496,21 +496,23 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
+        owner: str,
         delay: float,
         cause: str | None,
     ) -> Record | None:
-        """A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
-        due in delay seconds, with the same command and key. cause is null when the product
-        said so (or the connection was never made); tls-refused when nothing left because the
-        product failed TLS verification, which will not mend by itself: the step keeps that
-        cause and the run gets attention until the step next prepares or ends, as
-        dispatcher_step_sent_nothing does for a step that never got as far as preparing.
+        """A call step leased to owner was definitely not processed: ready again, due in delay
+        seconds, with the same command and key; cause is null, or tls-refused when nothing
+        left because the product failed TLS verification (the step keeps it and the run asks
+        for attention). One call of step_retry in transitions.sql, which says what each
+        outcome wrote (an abandoned step ends cancelled; one whose deadline a retry would miss
+        fails the run); always one row, due_at set only when the step is ready again.
         ``cause``: a sent_nothing cause (schema.sql), or null.
         """
         result: Record | None = await conn.fetchrow(
             self["dispatcher_step_retry"],
             run_id,
             step_id,
+            owner,
             delay,
             cause,
         )

@@ -186,6 +186,63 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_make_uncertain(
         END
     $$;
 
+-- Step p_step of run p_run, leased to p_owner, was definitely not processed (the product
+-- said so, or the connection was never made): it is ready again with the same command and
+-- key, due in p_delay seconds. p_cause is null, or a cause of sending nothing
+-- (sent_nothing in schema.sql: tls-refused) that only an operator mends: the step keeps it
+-- and its run asks for attention until the step next prepares or ends. Instead:
+--
+-- abandoned   a cancel abandoned the step: it ends cancelled, as step_settle ends it, and is
+--             never tried again.
+-- written     with run_state 'failed' and no due_at: a retry so late would miss the step's
+--             deadline, so the step fails and the run fails deadline-exceeded (step_settle).
+CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
+    p_run text, p_step text, p_owner text, p_delay float8, p_cause text,
+    OUT outcome text, OUT run_state text, OUT due_at timestamptz)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            l record;
+            deadline timestamptz;
+        BEGIN
+            SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
+            IF l.verdict <> 'ours' THEN
+                outcome := l.verdict;
+                RETURN;
+            END IF;
+            IF l.abandoned THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
+                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                          NULL, NULL, NULL, NULL) x;
+                RETURN;
+            END IF;
+            SELECT x.deadline_at INTO deadline
+              FROM {{ns}}.step x WHERE x.run_id = p_run AND x.step_id = p_step;
+            IF deadline - {{ns}}.now() <= make_interval(secs => p_delay) THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'failed', NULL,
+                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                          'failed', NULL, 'deadline-exceeded', NULL) x;
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET state = 'ready', cause = p_cause, cause_status = NULL,
+                   due_at = {{ns}}.now() + make_interval(secs => p_delay),
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step
+            RETURNING x.due_at INTO due_at;
+            IF {{ns}}.sent_nothing(p_cause) THEN
+                UPDATE {{ns}}.run u
+                   SET attention = true, updated_at = {{ns}}.now()
+                 WHERE u.id = p_run AND u.ended_at IS NULL AND NOT u.attention;
+            END IF;
+            outcome := 'written';
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored

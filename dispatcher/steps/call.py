@@ -88,7 +88,7 @@ from dispatcher.steps.base import (
     access_token,
     call_token,
 )
-from dispatcher.tx import Failure, Settlement, Tx
+from dispatcher.tx import Failure, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -367,8 +367,9 @@ async def _record(
         await env.settler.conclude(claimed, settlement)
         return
 
-    async def retryable(tx: Tx) -> None:
-        # (An abandoned step is not retried: tx.retry ends it cancelled.)
+    # A lost lease is logged by the settler, in one line that says whether a restore-hold
+    # took it.
+    if result.result == RETRYABLE:
         delay = retry_delay(
             attempts,
             first=env.settings.retry_first_seconds,
@@ -376,12 +377,6 @@ async def _record(
             jitter=env.jitter,
         )
         cause = None if result.cause is None else SentNothing(result.cause)
-        if not await tx.retry(delay, cause):
-            await tx.settle(Settlement.failing(Failure("deadline-exceeded")))
-
-    # A lost lease is logged by the settler, in one line that says whether a restore-hold
-    # took it.
-    if result.result == RETRYABLE:
-        await env.settler.settle(claimed, retryable)
+        await env.settler.retry(claimed, delay, cause)
     else:
         await env.settler.uncertain(claimed, result.cause or UNREADABLE_ANSWER, result.cause_status)

@@ -184,6 +184,21 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
         "cancel, step_type = 'call', state = 'prepared'",
         ("status-5xx", 502),
     ),
+    "a retry that makes the step due again": (
+        "dispatcher_step_retry",
+        ", step_type = 'call', state = 'prepared', deadline_at = {ns}.now() + interval '1 day'",
+        (5.0, "tls-refused"),
+    ),
+    "a retry that misses the deadline": (
+        "dispatcher_step_retry",
+        ", step_type = 'call', state = 'prepared', deadline_at = {ns}.now()",
+        (5.0, None),
+    ),
+    "a retry of a step a cancel abandoned": (
+        "dispatcher_step_retry",
+        "cancel, step_type = 'call', state = 'prepared'",
+        (5.0, None),
+    ),
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
         ", step_type = 'call', state = 'ready', cause = 'token-refused'",
@@ -241,7 +256,7 @@ async def test_no_transition_function_reads_every_live_run(
         if change.startswith("cancel"):
             await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", run_id)
             change = change.removeprefix("cancel")
-        await kit.db.execute(LEASE.format(ns=kit.ns, more=change), run_id, WAIT)
+        await kit.db.execute(LEASE.format(ns=kit.ns, more=change.format(ns=kit.ns)), run_id, WAIT)
         plans = await nested_plans(superuser, queries[name], run_id, arguments)
         # (the function call itself, and each statement inside it, including step_leased's)
         assert len(plans) >= 5, (case, len(plans))

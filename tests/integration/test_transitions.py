@@ -1,7 +1,8 @@
 """Each outcome of the step transition functions (``core/db/transitions.sql``), driven through
 the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` for
 ``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``,
-:meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``) on the real
+:meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``,
+:meth:`dispatcher.settle.Settler.retry` for ``step_retry``) on the real
 PostgreSQL server, with the rows each leaves behind.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from core.states import Effect, StepState, Transition
+from core.states import Effect, SentNothing, StepState, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
@@ -80,6 +81,10 @@ async def payloads(kit: DispatchKit, run_id: str) -> list[tuple[str | None, str]
 async def run_row(kit: DispatchKit, run_id: str) -> tuple[Any, ...]:
     row = await kit.run(run_id)
     return (row["state"], row["outcome"], row["failure_kind"], row["failure_step"])
+
+
+async def attention(kit: DispatchKit, run_id: str) -> bool:
+    return bool((await kit.run(run_id))["attention"])
 
 
 async def everything(kit: DispatchKit, run_id: str) -> tuple[Any, ...]:
@@ -232,11 +237,86 @@ async def test_settle_on_an_erased_run_keeps_no_payload(kit: DispatchKit) -> Non
     assert await payloads(kit, claimed.run_id) == []
 
 
+# --------------------------------------------------------------------------- step_retry
+
+
+async def test_retry_written_makes_the_step_due_again(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.retry(claimed, 30.0) is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "ready", None, False, True)]
+    step = await kit.step(claimed.run_id, "send")
+    waited = await kit.db.fetchval(
+        f"SELECT extract(epoch FROM due_at - {kit.ns}.now()) FROM {kit.ns}.step WHERE run_id = $1",
+        claimed.run_id,
+    )
+    assert 29 < float(waited) <= 30
+    assert step["cause"] is None
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+    assert not await attention(kit, claimed.run_id)
+
+
+async def test_retry_after_a_tls_refusal_keeps_the_cause_and_asks_for_attention(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.retry(claimed, 5.0, SentNothing.TLS_REFUSED) is (
+        Transition.WRITTEN
+    )
+    assert (await kit.step(claimed.run_id, "send"))["cause"] == "tls-refused"
+    assert await attention(kit, claimed.run_id)
+
+
+async def test_retry_abandoned_ends_the_step_cancelled(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await dispatcher.settler.retry(claimed, 5.0) is Transition.ABANDONED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "cancelled", None, False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_retry_past_the_deadline_fails_the_run(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET deadline_at = {kit.ns}.now() + interval '10 seconds' "
+        "WHERE run_id = $1",
+        claimed.run_id,
+    )
+    assert await dispatcher.settler.retry(claimed, 10.0) is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "failed", None, False, False)]
+    assert await run_row(kit, claimed.run_id) == ("failed", None, "deadline-exceeded", "send")
+
+
+async def test_retry_before_the_deadline_is_due_again(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET deadline_at = {kit.ns}.now() + interval '10 seconds' "
+        "WHERE run_id = $1",
+        claimed.run_id,
+    )
+    assert await dispatcher.settler.retry(claimed, 9.0) is Transition.WRITTEN
+    assert (await kit.step(claimed.run_id, "send"))["state"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("change", "outcome"),
+    [
+        ("UPDATE {ns}.step SET lease_owner = 'another-dispatcher'", Transition.LEASE_LOST),
+        ("UPDATE {ns}.hold SET epoch = epoch + 1", Transition.RESTORE_HELD),
+    ],
+)
+async def test_retry_writes_nothing_without_the_lease(
+    kit: DispatchKit, change: str, outcome: Transition
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(change.format(ns=kit.ns))
+    before = await everything(kit, claimed.run_id)
+    assert await dispatcher.settler.retry(claimed, 5.0) is outcome
+    assert await everything(kit, claimed.run_id) == before
+
+
 # ------------------------------------------------------------------ step_make_uncertain
-
-
-async def attention(kit: DispatchKit, run_id: str) -> bool:
-    return bool((await kit.run(run_id))["attention"])
 
 
 async def test_uncertain_written_holds_the_run_for_an_operator(kit: DispatchKit) -> None:

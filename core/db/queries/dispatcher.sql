@@ -370,34 +370,19 @@ SELECT state FROM released;
 SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_retry
--- A step locked by dispatcher_step_lock was definitely not processed: it is ready again,
--- due in delay seconds, with the same command and key. cause is null when the product
--- said so (or the connection was never made); tls-refused when nothing left because the
--- product failed TLS verification, which will not mend by itself: the step keeps that
--- cause and the run gets attention until the step next prepares or ends, as
--- dispatcher_step_sent_nothing does for a step that never got as far as preparing.
+-- A call step leased to owner was definitely not processed: ready again, due in delay
+-- seconds, with the same command and key; cause is null, or tls-refused when nothing left
+-- because the product failed TLS verification (the step keeps it and the run asks for
+-- attention). One call of step_retry in transitions.sql, which says what each outcome
+-- wrote (an abandoned step ends cancelled; one whose deadline a retry would miss fails
+-- the run); always one row, due_at set only when the step is ready again.
 -- $1 run_id (text)
 -- $2 step_id (text)
--- $3 delay (float8)
--- $4 cause (text, null): a sent_nothing cause (schema.sql), or null
+-- $3 owner (text)
+-- $4 delay (float8)
+-- $5 cause (text, null): a sent_nothing cause (schema.sql), or null
 -- returns: row
-WITH retried AS (
-    UPDATE {{ns}}.step
-       SET state = 'ready',
-           cause = $4::text, cause_status = NULL,
-           due_at = {{ns}}.now() + make_interval(secs => $3::float8),
-           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-           updated_at = {{ns}}.now()
-     WHERE run_id = $1 AND step_id = $2
-    RETURNING due_at
-), noticed AS (
-    UPDATE {{ns}}.run u
-       SET attention = true, updated_at = {{ns}}.now()
-      FROM retried
-     WHERE u.id = $1 AND {{ns}}.sent_nothing($4::text) AND u.ended_at IS NULL
-       AND NOT u.attention
-)
-SELECT due_at FROM retried;
+SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_wait
 -- A step locked by dispatcher_step_lock waits: due at due_at, timing out at
