@@ -46,7 +46,7 @@ from dispatcher.settings import DispatchSettings
 from dispatcher.settle import Settler
 from dispatcher.steps import call, choose, finish, wait_for, wait_until
 from dispatcher.steps.base import WORKING, Flight, StepEnv
-from dispatcher.tx import Tx
+from dispatcher.tx import CANCEL
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -60,13 +60,6 @@ def product_client(environ: Mapping[str, str]) -> ProductHttp:
     a setting it no longer reads, if ``environ`` has one."""
     refuse_retired_settings(environ)
     return ProductHttp()
-
-
-async def _cancel_abandoned(tx: Tx) -> bool:
-    if not tx.abandoned:
-        return False
-    await tx.cancel()
-    return True
 
 
 class Dispatcher:
@@ -297,10 +290,11 @@ class Dispatcher:
             return
         run = loaded.run
         if run.abandons(claimed.seq) and claimed.state != StepState.PREPARED:
-            # (A prepared command may have left: the call executor makes it uncertain.)
-            settled, cancelled = await self.settler.settle(claimed, _cancel_abandoned)
-            if not settled or cancelled:
-                return
+            # (A prepared command may have left: the call executor makes it uncertain.) A
+            # cancel is never undone, so the step is still abandoned when step_settle locks
+            # it, and ends cancelled (or the lease was lost, or the run ended meanwhile).
+            await self.settler.conclude(claimed, CANCEL)
+            return
         step = run.workflow.step(claimed.step_id)
         env = self.env
         if isinstance(step, CallStep):
