@@ -260,15 +260,8 @@ async def execute(
     """Plan the next check, read the result once, and record what it said."""
     target = await _target(env, run, step)
     if isinstance(target, Failure):
-        failure = target
-
-        async def fail(tx: Tx) -> None:
-            if tx.abandoned:
-                await tx.cancel()
-                return
-            await tx.settle(Settlement.failing(failure))
-
-        await env.settler.settle(claimed, fail)
+        # (step_settle ends the step cancelled instead if a cancel abandoned it.)
+        await env.settler.conclude(claimed, Settlement.failing(target))
         return
 
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
