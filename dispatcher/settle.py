@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import asyncpg
+from asyncpg import Record
 
 from core.codes import Code
 from core.crypto import Keyring
@@ -145,6 +146,29 @@ class Settler:
 
         return await self._retrying(attempt)
 
+    async def _transition(
+        self,
+        claimed: Claimed,
+        write: Callable[[asyncpg.Connection], Awaitable[Record | None]],
+    ) -> tuple[Transition, Record]:
+        """One transition function's call (``write``), in a statement of its own, retried
+        while the database is away; answers its outcome and row. An outcome that moved
+        nothing is logged here, in one line that says why."""
+
+        async def attempt() -> tuple[Transition, Record]:
+            async with statement(self.store) as conn:
+                row = await write(conn)
+                assert row is not None  # a transition function answers one row
+                outcome = Transition(row["outcome"])
+                if outcome is Transition.LEASE_LOST:
+                    await self._report_lost(conn, claimed)
+            return outcome, row
+
+        outcome, row = await self._retrying(attempt)
+        if not outcome.moved and outcome is not Transition.LEASE_LOST:
+            self._report(claimed, outcome)
+        return outcome, row
+
     async def conclude(self, claimed: Claimed, settlement: Settlement) -> Transition:
         """End the step as ``settlement`` says, with all that follows (``step_settle``),
         in one statement; retried while the database is away. Answers what it did."""
@@ -152,24 +176,17 @@ class Settler:
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
-        async def attempt() -> Transition:
-            async with statement(self.store) as conn:
-                row = await arguments.write(
-                    conn,
-                    self.store.queries,
-                    run_id=claimed.run_id,
-                    step_id=claimed.step_id,
-                    owner=self.owner,
-                )
-                outcome = Transition(row["outcome"])
-                if outcome is Transition.LEASE_LOST:
-                    await self._report_lost(conn, claimed)
-            return outcome
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await arguments.write(
+                conn,
+                self.store.queries,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+            )
 
-        outcome = await self._retrying(attempt)
+        outcome, _ = await self._transition(claimed, write)
         if not outcome.moved:
-            if outcome is not Transition.LEASE_LOST:
-                self._report(claimed, outcome)
             return outcome
         if outcome is Transition.WRITTEN and settlement.way is not None:
             self.steps_done_inline += len(settlement.way.passed)
@@ -195,27 +212,20 @@ class Settler:
         miss fails the run ``deadline-exceeded``.
         """
 
-        async def attempt() -> tuple[Transition, str | None, Any]:
-            async with statement(self.store) as conn:
-                row = await self.store.queries.dispatcher_step_retry(
-                    conn,
-                    run_id=claimed.run_id,
-                    step_id=claimed.step_id,
-                    owner=self.owner,
-                    delay=delay,
-                    cause=cause,
-                )
-                assert row is not None  # step_retry answers one row
-                outcome = Transition(row["outcome"])
-                if outcome is Transition.LEASE_LOST:
-                    await self._report_lost(conn, claimed)
-            return outcome, row["run_state"], row["due_at"]
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await self.store.queries.dispatcher_step_retry(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                delay=delay,
+                cause=cause,
+            )
 
-        outcome, run_state, due_at = await self._retrying(attempt)
+        outcome, row = await self._transition(claimed, write)
         if not outcome.moved:
-            if outcome is not Transition.LEASE_LOST:
-                self._report(claimed, outcome)
             return outcome
+        run_state, due_at = row["run_state"], row["due_at"]
         if due_at is None:
             what = (
                 "the retry would miss its deadline: failed, the run failed deadline-exceeded"
@@ -244,27 +254,20 @@ class Settler:
         if cause_status is not None and cause != "status-5xx":
             raise ValueError("a cause status goes with status-5xx only")
 
-        async def attempt() -> tuple[Transition, str | None]:
-            async with statement(self.store) as conn:
-                row = await self.store.queries.dispatcher_step_uncertain(
-                    conn,
-                    run_id=claimed.run_id,
-                    step_id=claimed.step_id,
-                    owner=self.owner,
-                    cause=cause,
-                    cause_status=cause_status,
-                )
-                assert row is not None  # step_make_uncertain answers one row
-                outcome = Transition(row["outcome"])
-                if outcome is Transition.LEASE_LOST:
-                    await self._report_lost(conn, claimed)
-            return outcome, row["run_state"]
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await self.store.queries.dispatcher_step_uncertain(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                cause=cause,
+                cause_status=cause_status,
+            )
 
-        outcome, run_state = await self._retrying(attempt)
+        outcome, row = await self._transition(claimed, write)
         if not outcome.moved:
-            if outcome is not Transition.LEASE_LOST:
-                self._report(claimed, outcome)
             return outcome
+        run_state = row["run_state"]
         if outcome is Transition.RUN_ENDED:
             what = "the run had ended"
         elif run_state == "cancelled":
