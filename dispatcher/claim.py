@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from core import clock
@@ -46,6 +47,8 @@ class Claimed:
     command_key: str | None
     past_deadline: bool
     lease_epoch: int | None = None
+    now: datetime | None = None
+    """The namespace's clock when the step was claimed (``None`` only when made by hand)."""
     """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
     context: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     """The claim row itself, with what executing the step reads (see ``dispatcher_claim``):
@@ -66,6 +69,7 @@ class Claimed:
             command_key=None if row["command_key"] is None else str(row["command_key"]),
             past_deadline=bool(row["past_deadline"]),
             lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
+            now=row["now"],
             context=row,
         )
 

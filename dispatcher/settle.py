@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -237,6 +238,29 @@ class Settler:
         else:
             what = f"sent nothing ({cause}); ready again in {delay:.0f} s"
         log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
+        return outcome
+
+    async def wait(
+        self, claimed: Claimed, due_at: datetime | None, timeout_at: datetime | None = None
+    ) -> Transition:
+        """The step waits until ``due_at`` (or an outside event), timing out at
+        ``timeout_at``; the run is waiting (``step_wait``), in one statement. An abandoned
+        step waits for nothing: it ends cancelled. Answers what it did."""
+
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await self.store.queries.dispatcher_step_wait(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                due_at=due_at,
+                timeout_at=timeout_at,
+            )
+
+        outcome, _ = await self._transition(claimed, write)
+        if outcome.moved:
+            what = "waiting" if outcome is Transition.WRITTEN else f"cancelled ({outcome})"
+            log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
         return outcome
 
     async def uncertain(

@@ -315,24 +315,6 @@ class Tx:
         """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
         await self.settle(CANCEL)
 
-    async def wait(self, due_at: datetime | None, timeout_at: datetime | None = None) -> None:
-        """The step waits until ``due_at`` (or an outside event); the run is waiting.
-
-        An abandoned step does not wait for anything: it ends cancelled.
-        """
-        if self.abandoned:
-            await self.cancel()
-            return
-        await self._queries.dispatcher_step_wait(
-            self._conn,
-            run_id=self._run_id,
-            step_id=self._step_id,
-            due_at=due_at,
-            timeout_at=timeout_at,
-        )
-        self._changed(StepState.WAITING)
-        await self._run_progress(RunState.WAITING)
-
     async def _run_progress(self, state: str) -> None:
         await self._queries.dispatcher_run_progress(self._conn, run_id=self._run_id, state=state)
 

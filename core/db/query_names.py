@@ -146,7 +146,7 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "dispatcher_step_settle": 17,
     "dispatcher_step_uncertain": 5,
     "dispatcher_step_unprepare": 4,
-    "dispatcher_step_wait": 4,
+    "dispatcher_step_wait": 5,
     "dispatcher_token_refusal_clear": 1,
     "dispatcher_token_refusal_record": 2,
     "grants_reset": 0,

@@ -301,13 +301,14 @@ class Statements(Queries):
         lease_seconds, oldest due first, skipping rows another dispatcher is claiming. Claims
         nothing while the execution hold is set. The lease records the current hold epoch,
         answered as lease_epoch so that a settle refused later can tell a restore-hold from an
-        ordinary lost lease. past_deadline tells a call step retried after its deadline. Each
-        row also carries everything executing the step reads, from the same snapshot, so a
-        claimed step costs no read of its own: its run's package, creation instant and cancel
-        state; the sealed values its expressions can read (input, call outputs, wait results)
-        as parallel arrays in id order; every binding of the run as a JSON array of binding
-        rows; and the step's stored command payload, with the run it belongs to. These do not
-        change under a leased step (a cancel is decided again under the step's lock).
+        ordinary lost lease. past_deadline tells a call step retried after its deadline; now
+        is the namespace's clock at the claim, for the decisions an executor makes about time.
+        Each row also carries everything executing the step reads, from the same snapshot, so
+        a claimed step costs no read of its own: its run's package, creation instant and
+        cancel state; the sealed values its expressions can read (input, call outputs, wait
+        results) as parallel arrays in id order; every binding of the run as a JSON array of
+        binding rows; and the step's stored command payload, with the run it belongs to. These
+        do not change under a leased step (a cancel is decided again under the step's lock).
         ``owner``: the dispatcher taking the leases. ``limit``: at most this many steps.
         ``lease_seconds``: how long each lease lasts.
         """
@@ -662,17 +663,20 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
+        owner: str,
         due_at: datetime | None,
         timeout_at: datetime | None,
-    ) -> str:
-        """A step locked by dispatcher_step_lock waits: due at due_at, timing out at timeout_at
-        (a timeout already set is kept when that is null). ``due_at``: null when only an
-        outside event can wake it.
+    ) -> Record | None:
+        """A step leased to owner waits: due at due_at, timing out at timeout_at (a timeout
+        already set is kept when that is null); its run is waiting. One call of step_wait in
+        transitions.sql, which says what each outcome wrote (an abandoned step ends
+        cancelled); always one row. ``due_at``: null when only an outside event can wake it.
         """
-        result: str = await conn.execute(
+        result: Record | None = await conn.fetchrow(
             self["dispatcher_step_wait"],
             run_id,
             step_id,
+            owner,
             due_at,
             timeout_at,
         )

@@ -243,6 +243,48 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
         END
     $$;
 
+-- Step p_step of run p_run, leased to p_owner, waits: due at p_due_at (null when only an
+-- outside event can wake it), timing out at p_timeout_at (a timeout already set is kept
+-- when that is null), unleased; its run is waiting unless it has ended. When a cancel
+-- abandoned the step (outcome abandoned) it waits for nothing: it ends cancelled, as
+-- step_settle ends it.
+CREATE OR REPLACE FUNCTION {{ns}}.step_wait(
+    p_run text, p_step text, p_owner text, p_due_at timestamptz, p_timeout_at timestamptz,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            l record;
+        BEGIN
+            SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
+            IF l.verdict <> 'ours' THEN
+                outcome := l.verdict;
+                RETURN;
+            END IF;
+            IF l.abandoned THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
+                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                          NULL, NULL, NULL, NULL) x;
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET state = 'waiting', due_at = p_due_at,
+                   timeout_at = coalesce(p_timeout_at, x.timeout_at),
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step;
+            IF NOT l.run_ended THEN
+                UPDATE {{ns}}.run u
+                   SET state = 'waiting', updated_at = {{ns}}.now()
+                 WHERE u.id = p_run;
+                run_state := 'waiting';
+            END IF;
+            outcome := 'written';
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored

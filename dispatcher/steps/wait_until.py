@@ -21,7 +21,7 @@ from dispatcher.claim import Claimed
 from dispatcher.onward import onward
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv
-from dispatcher.tx import Failure, Settlement, Tx
+from dispatcher.tx import Failure, Settlement
 
 AT_POINTER = "/at"
 
@@ -44,27 +44,30 @@ async def execute(
 ) -> None:
     """Start the timer, or continue once it is due."""
     at = instant_of(step, run.scope)
-
-    async def act(tx: Tx) -> None:
-        if tx.abandoned:
-            await tx.cancel()
-            return
-        if claimed.state == StepState.WAITING:
-            # Claimed because the stored instant has come.
-            await tx.settle(Settlement.onward(onward(run.workflow, run.scope, step.next)))
-            return
-        if step.after_seconds is not None:
-            due = tx.now + timedelta(seconds=step.after_seconds)
-        elif at is not None:
-            due = at
-        else:
-            # The workflow was checked offline, but an input can still carry a value
-            # that is no instant; the failure names the step's field, never the value.
-            await tx.settle(Settlement.failing(Failure("mapping-invalid", AT_POINTER)))
-            return
-        if due <= tx.now:
-            await tx.settle(Settlement.onward(onward(run.workflow, run.scope, step.next)))
-        else:
-            await tx.wait(due)
-
-    await env.settler.settle(claimed, act)
+    # A cancel that abandoned the step meanwhile is met by each call below: step_settle and
+    # step_wait end the step cancelled instead.
+    if claimed.state == StepState.WAITING:
+        # Claimed because the stored instant has come.
+        await env.settler.conclude(
+            claimed, Settlement.onward(onward(run.workflow, run.scope, step.next))
+        )
+        return
+    now = claimed.now
+    assert now is not None  # a claimed row carries the database's clock
+    if step.after_seconds is not None:
+        due = now + timedelta(seconds=step.after_seconds)
+    elif at is not None:
+        due = at
+    else:
+        # The workflow was checked offline, but an input can still carry a value that is
+        # no instant; the failure names the step's field, never the value.
+        await env.settler.conclude(
+            claimed, Settlement.failing(Failure("mapping-invalid", AT_POINTER))
+        )
+        return
+    if due <= now:
+        await env.settler.conclude(
+            claimed, Settlement.onward(onward(run.workflow, run.scope, step.next))
+        )
+    else:
+        await env.settler.wait(claimed, due)

@@ -199,6 +199,16 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
         "cancel, step_type = 'call', state = 'prepared'",
         (5.0, None),
     ),
+    "a wait until an instant": (
+        "dispatcher_step_wait",
+        "",
+        (datetime(2030, 1, 1, tzinfo=UTC), None),
+    ),
+    "a wait of a step a cancel abandoned": (
+        "dispatcher_step_wait",
+        "cancel",
+        (None, None),
+    ),
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
         ", step_type = 'call', state = 'ready', cause = 'token-refused'",

@@ -2,7 +2,8 @@
 the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` for
 ``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``,
 :meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``,
-:meth:`dispatcher.settle.Settler.retry` for ``step_retry``) on the real
+:meth:`dispatcher.settle.Settler.retry` for ``step_retry``, :meth:`dispatcher.settle.Settler.wait`
+for ``step_wait``) on the real
 PostgreSQL server, with the rows each leaves behind.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
@@ -16,6 +17,7 @@ action or another dispatcher would leave them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +315,69 @@ async def test_retry_writes_nothing_without_the_lease(
     await kit.db.execute(change.format(ns=kit.ns))
     before = await everything(kit, claimed.run_id)
     assert await dispatcher.settler.retry(claimed, 5.0) is outcome
+    assert await everything(kit, claimed.run_id) == before
+
+
+# ---------------------------------------------------------------------------- step_wait
+
+
+async def test_wait_written_makes_the_step_and_the_run_wait(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert claimed.now is not None
+    due = claimed.now + timedelta(hours=1)
+    timeout = claimed.now + timedelta(days=1)
+    assert await dispatcher.settler.wait(claimed, due, timeout) is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "waiting", None, False, True)]
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["due_at"], step["timeout_at"]) == (due, timeout)
+    assert await run_row(kit, claimed.run_id) == ("waiting", None, None, None)
+
+
+async def test_wait_keeps_a_timeout_already_set_and_may_wait_for_an_event_alone(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert claimed.now is not None
+    timeout = claimed.now + timedelta(days=2)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET timeout_at = $2 WHERE run_id = $1", claimed.run_id, timeout
+    )
+    assert await dispatcher.settler.wait(claimed, None) is Transition.WRITTEN
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["due_at"], step["timeout_at"]) == ("waiting", None, timeout)
+
+
+async def test_wait_abandoned_ends_the_step_cancelled(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert claimed.now is not None
+    due = claimed.now + timedelta(hours=1)
+    assert await dispatcher.settler.wait(claimed, due) is Transition.ABANDONED
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "cancelled", None, False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_wait_on_an_ended_run_leaves_the_run_as_it_ended(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    assert claimed.now is not None
+    due = claimed.now + timedelta(hours=1)
+    assert await dispatcher.settler.wait(claimed, due) is Transition.WRITTEN
+    assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
+
+
+async def test_wait_writes_nothing_without_the_lease(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.step SET lease_owner = 'another-dispatcher'")
+    before = await everything(kit, claimed.run_id)
+    assert claimed.now is not None
+    due = claimed.now + timedelta(hours=1)
+    assert await dispatcher.settler.wait(claimed, due) is Transition.LEASE_LOST
     assert await everything(kit, claimed.run_id) == before
 
 

@@ -57,7 +57,8 @@ BEGIN
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,
                               {{ns}}.step_settle, {{ns}}.step_prepare,
-                              {{ns}}.step_make_uncertain, {{ns}}.step_retry
+                              {{ns}}.step_make_uncertain, {{ns}}.step_retry,
+                              {{ns}}.step_wait
        TO {{dispatcher}};
 
     -- Read by every component at startup to verify the activation (§6.4).

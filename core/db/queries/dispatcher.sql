@@ -26,7 +26,8 @@
 -- lease_seconds, oldest due first, skipping rows another dispatcher is claiming. Claims
 -- nothing while the execution hold is set. The lease records the current hold epoch,
 -- answered as lease_epoch so that a settle refused later can tell a restore-hold from an
--- ordinary lost lease. past_deadline tells a call step retried after its deadline.
+-- ordinary lost lease. past_deadline tells a call step retried after its deadline; now is
+-- the namespace's clock at the claim, for the decisions an executor makes about time.
 --
 -- Each row also carries everything executing the step reads, from the same snapshot, so a
 -- claimed step costs no read of its own: its run's package, creation instant and cancel
@@ -69,6 +70,7 @@ WITH h AS (
 )
 SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
        cl.command_payload_id, cl.command_key, cl.lease_epoch, cl.past_deadline,
+       {{ns}}.now() AS now,
        r.package_digest, r.cancelling, r.cancel_seq, r.created_at,
        r.ended_at IS NOT NULL AS ended,
        p.step_ids AS scope_step_ids, p.purposes AS scope_purposes,
@@ -385,20 +387,17 @@ SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_wait
--- A step locked by dispatcher_step_lock waits: due at due_at, timing out at
--- timeout_at (a timeout already set is kept when that is null).
+-- A step leased to owner waits: due at due_at, timing out at timeout_at (a timeout
+-- already set is kept when that is null); its run is waiting. One call of step_wait in
+-- transitions.sql, which says what each outcome wrote (an abandoned step ends cancelled);
+-- always one row.
 -- $1 run_id (text)
 -- $2 step_id (text)
--- $3 due_at (timestamptz, null): null when only an outside event can wake it
--- $4 timeout_at (timestamptz, null)
--- returns: status
-UPDATE {{ns}}.step
-   SET state = 'waiting',
-       due_at = $3::timestamptz,
-       timeout_at = coalesce($4::timestamptz, timeout_at),
-       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-       updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2;
+-- $3 owner (text)
+-- $4 due_at (timestamptz, null): null when only an outside event can wake it
+-- $5 timeout_at (timestamptz, null)
+-- returns: row
+SELECT outcome, run_state FROM {{ns}}.step_wait($1, $2, $3, $4, $5);
 
 -- name: dispatcher_run_progress
 -- A run is live in state; an ended run stays as it is.
