@@ -263,6 +263,41 @@ class Settler:
             log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
         return outcome
 
+    async def plan_check(
+        self,
+        claimed: Claimed,
+        *,
+        match: bytes,
+        timeout_seconds: float | None,
+        delay: float,
+        entering: bool,
+    ) -> Transition:
+        """Before a read of a wait-for step's result (``step_plan_check``), in one
+        statement: the step waits, found by the digest ``match``, times out
+        ``timeout_seconds`` from now (kept when one is set already), is checked again
+        ``delay`` seconds from now, and keeps its lease for the read; with ``entering`` the
+        run is waiting. An abandoned step ends cancelled instead. Answers what it did: the
+        read goes ahead only on ``written``."""
+
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await self.store.queries.waits_plan_check(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                match=match,
+                timeout_seconds=timeout_seconds,
+                delay=delay,
+                entering=entering,
+            )
+
+        outcome, _ = await self._transition(claimed, write)
+        if outcome is Transition.WRITTEN and entering:
+            log.info("run %s step %s: waiting for a result", claimed.run_id, claimed.step_id)
+        elif outcome.moved and outcome is not Transition.WRITTEN:
+            log.info("run %s step %s: cancelled (%s)", claimed.run_id, claimed.step_id, outcome)
+        return outcome
+
     async def uncertain(
         self, claimed: Claimed, cause: str, cause_status: int | None = None
     ) -> Transition:

@@ -320,24 +320,6 @@ class Tx:
 
     # -------------------------------------------------------------------- wait-for
 
-    async def plan_check(self, match: bytes, timeout_at: datetime | None, delay: float) -> None:
-        """Before a read: the step waits, found by the digest ``match``, times out at
-        ``timeout_at`` (kept when one is set already) and is checked again ``delay``
-        seconds from now (``waits_plan_check``)."""
-        await self._queries.waits_plan_check(
-            self._conn,
-            run_id=self._run_id,
-            step_id=self._step_id,
-            match=match,
-            timeout_at=timeout_at,
-            delay=delay,
-        )
-
-    async def mark_run_waiting(self) -> None:
-        """The run is waiting (a step has just started waiting for a result)."""
-        self._changed("waiting for a result")
-        await self._run_progress(RunState.WAITING)
-
     async def count_last_check(self) -> None:
         """Count the read that ends the wait; no further check is planned."""
         await self._queries.waits_last_check(self._conn, run_id=self._run_id, step_id=self._step_id)

@@ -212,7 +212,7 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "session_user_name": 0,
     "state_key_versions_in_use": 0,
     "waits_last_check": 2,
-    "waits_plan_check": 5,
+    "waits_plan_check": 7,
     "waits_run_attention": 2,
     "waits_schedule": 2,
     "waits_wake": 1,

@@ -1642,22 +1642,29 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
+        owner: str,
         match: bytes,
-        timeout_at: datetime | None,
+        timeout_seconds: float | None,
         delay: float,
+        entering: bool,
     ) -> Record | None:
-        """Before reading the result for a step locked by dispatcher_step_lock: the step is
-        waiting, found by the keyed digest match (a completion event carries the same), times
-        out at timeout_at (kept when one is set already), and its following check is delay
-        seconds from now. ``timeout_at``: null for no timeout.
+        """Before reading the result for a wait-for step leased to owner: the step is waiting,
+        found by the keyed digest match, times out timeout_seconds from now (null for no
+        timeout; kept when one is set already), its following check delay seconds from now,
+        and with entering its run is waiting. One call of step_plan_check in transitions.sql,
+        which says what each outcome wrote (an abandoned step ends cancelled); always one row.
+        ``timeout_seconds``: null for no timeout. ``entering``: the step has just started
+        waiting.
         """
         result: Record | None = await conn.fetchrow(
             self["waits_plan_check"],
             run_id,
             step_id,
+            owner,
             match,
-            timeout_at,
+            timeout_seconds,
             delay,
+            entering,
         )
         return result
 

@@ -285,6 +285,53 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_wait(
         END
     $$;
 
+-- Before the dispatcher reads a product's result for step p_step of run p_run, leased to
+-- p_owner (the lease is kept for the read): the step is waiting, found by the keyed digest
+-- p_match (a completion event carries the same), times out p_timeout_seconds from now
+-- (null: no timeout; a timeout already set is kept), and its following check is p_delay
+-- seconds from now. With p_entering (the step has just started waiting) the run is waiting
+-- too, unless it has ended. When a cancel abandoned the step (outcome abandoned) nothing is
+-- read: the step ends cancelled, as step_settle ends it.
+CREATE OR REPLACE FUNCTION {{ns}}.step_plan_check(
+    p_run text, p_step text, p_owner text, p_match bytea, p_timeout_seconds float8,
+    p_delay float8, p_entering boolean,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            l record;
+        BEGIN
+            SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
+            IF l.verdict <> 'ours' THEN
+                outcome := l.verdict;
+                RETURN;
+            END IF;
+            IF l.abandoned THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
+                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                          NULL, NULL, NULL, NULL) x;
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET state = 'waiting',
+                   wait_match = p_match,
+                   timeout_at = coalesce(x.timeout_at,
+                                         {{ns}}.now() + make_interval(secs => p_timeout_seconds)),
+                   next_check_at = {{ns}}.now() + make_interval(secs => p_delay),
+                   updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step;
+            IF p_entering AND NOT l.run_ended THEN
+                UPDATE {{ns}}.run u
+                   SET state = 'waiting', updated_at = {{ns}}.now()
+                 WHERE u.id = p_run;
+                run_state := 'waiting';
+            END IF;
+            outcome := 'written';
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored

@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
 from core import derive
@@ -61,7 +61,7 @@ from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
 from core.errors import CoordinatorError
 from core.products.http import ExchangeFailure
-from core.states import SentNothing, StepState
+from core.states import SentNothing, StepState, Transition
 from core.workflow import catalogue
 from core.workflow.expr import MissingValue, Scope, render
 from core.workflow.model import WaitForStep, Workflow
@@ -267,20 +267,15 @@ async def execute(
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)
     entering = claimed.state == StepState.READY
 
-    async def plan(tx: Tx) -> bool:
-        if tx.abandoned:
-            await tx.cancel()
-            return False
-        timeout_at = None
-        if step.timeout_seconds is not None and step.on_timeout is not None:
-            timeout_at = tx.now + timedelta(seconds=step.timeout_seconds)
-        await tx.plan_check(target.match, timeout_at, delay)
-        if entering:
-            await tx.mark_run_waiting()
-        return True
-
-    _, planned = await env.settler.settle(claimed, plan)
-    if not planned:
+    timeout_seconds = step.timeout_seconds if step.on_timeout is not None else None
+    planned = await env.settler.plan_check(
+        claimed,
+        match=target.match,
+        timeout_seconds=timeout_seconds,
+        delay=delay,
+        entering=entering,
+    )
+    if planned is not Transition.WRITTEN:
         return
     if env.stopping():
         await env.settler.release(claimed)

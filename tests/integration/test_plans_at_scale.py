@@ -209,6 +209,11 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
         "cancel",
         (None, None),
     ),
+    "a plan before a read of a result": (
+        "waits_plan_check",
+        "",
+        (bytes(32), 3600.0, 60.0, True),
+    ),
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
         ", step_type = 'call', state = 'ready', cause = 'token-refused'",

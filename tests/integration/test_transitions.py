@@ -3,7 +3,8 @@ the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` fo
 ``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``,
 :meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``,
 :meth:`dispatcher.settle.Settler.retry` for ``step_retry``, :meth:`dispatcher.settle.Settler.wait`
-for ``step_wait``) on the real
+for ``step_wait``, :meth:`dispatcher.settle.Settler.plan_check` for ``step_plan_check``) on the
+real
 PostgreSQL server, with the rows each leaves behind.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
@@ -378,6 +379,85 @@ async def test_wait_writes_nothing_without_the_lease(kit: DispatchKit) -> None:
     assert claimed.now is not None
     due = claimed.now + timedelta(hours=1)
     assert await dispatcher.settler.wait(claimed, due) is Transition.LEASE_LOST
+    assert await everything(kit, claimed.run_id) == before
+
+
+# ---------------------------------------------------------------------- step_plan_check
+
+MATCH = bytes(range(32))
+
+
+async def as_wait_for(kit: DispatchKit, run_id: str) -> None:
+    """Make the run's claimed call step a wait-for step, as the plan statement meets it."""
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET step_type = 'wait-for' WHERE run_id = $1", run_id
+    )
+
+
+async def test_plan_check_written_keeps_the_lease_and_the_run_waits(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await as_wait_for(kit, claimed.run_id)
+    outcome = await dispatcher.settler.plan_check(
+        claimed, match=MATCH, timeout_seconds=3600.0, delay=60.0, entering=True
+    )
+    assert outcome is Transition.WRITTEN
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["wait_match"], step["lease_owner"]) == (
+        "waiting",
+        MATCH,
+        dispatcher.owner,
+    )
+    spans = await kit.db.fetchrow(
+        f"SELECT extract(epoch FROM timeout_at - {kit.ns}.now()) AS timeout, "
+        f"extract(epoch FROM next_check_at - {kit.ns}.now()) AS check "
+        f"FROM {kit.ns}.step WHERE run_id = $1",
+        claimed.run_id,
+    )
+    assert 3599 < float(spans["timeout"]) <= 3600 and 59 < float(spans["check"]) <= 60
+    assert await run_row(kit, claimed.run_id) == ("waiting", None, None, None)
+
+
+async def test_plan_check_keeps_a_timeout_set_and_leaves_the_run_when_not_entering(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await as_wait_for(kit, claimed.run_id)
+    assert claimed.now is not None
+    timeout = claimed.now + timedelta(minutes=5)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET timeout_at = $2 WHERE run_id = $1", claimed.run_id, timeout
+    )
+    outcome = await dispatcher.settler.plan_check(
+        claimed, match=MATCH, timeout_seconds=3600.0, delay=60.0, entering=False
+    )
+    assert outcome is Transition.WRITTEN
+    assert (await kit.step(claimed.run_id, "send"))["timeout_at"] == timeout
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+
+
+async def test_plan_check_abandoned_reads_nothing_and_ends_the_step_cancelled(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await as_wait_for(kit, claimed.run_id)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    outcome = await dispatcher.settler.plan_check(
+        claimed, match=MATCH, timeout_seconds=None, delay=60.0, entering=True
+    )
+    assert outcome is Transition.ABANDONED
+    assert (await kit.step(claimed.run_id, "send"))["state"] == "cancelled"
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_plan_check_writes_nothing_without_the_lease(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await as_wait_for(kit, claimed.run_id)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET epoch = epoch + 1")
+    before = await everything(kit, claimed.run_id)
+    outcome = await dispatcher.settler.plan_check(
+        claimed, match=MATCH, timeout_seconds=None, delay=60.0, entering=True
+    )
+    assert outcome is Transition.RESTORE_HELD
     assert await everything(kit, claimed.run_id) == before
 
 

@@ -17,24 +17,20 @@
 -- the planned check.
 
 -- name: waits_plan_check
--- Before reading the result for a step locked by dispatcher_step_lock: the step is
--- waiting, found by the keyed digest match (a completion event carries the same), times
--- out at timeout_at (kept when one is set already), and its following check is delay
--- seconds from now.
+-- Before reading the result for a wait-for step leased to owner: the step is waiting,
+-- found by the keyed digest match, times out timeout_seconds from now (null for no timeout;
+-- kept when one is set already), its following check delay seconds from now, and with
+-- entering its run is waiting. One call of step_plan_check in transitions.sql, which says
+-- what each outcome wrote (an abandoned step ends cancelled); always one row.
 -- $1 run_id (text)
 -- $2 step_id (text)
--- $3 match (bytea)
--- $4 timeout_at (timestamptz, null): null for no timeout
--- $5 delay (float8)
+-- $3 owner (text)
+-- $4 match (bytea)
+-- $5 timeout_seconds (float8, null): null for no timeout
+-- $6 delay (float8)
+-- $7 entering (boolean): the step has just started waiting
 -- returns: row
-UPDATE {{ns}}.step
-   SET state = 'waiting',
-       wait_match = $3::bytea,
-       timeout_at = coalesce(timeout_at, $4::timestamptz),
-       next_check_at = {{ns}}.now() + make_interval(secs => $5::float8),
-       updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2
-RETURNING next_check_at, timeout_at;
+SELECT outcome, run_state FROM {{ns}}.step_plan_check($1, $2, $3, $4, $5, $6, $7);
 
 -- name: waits_schedule
 -- A read of a step locked by dispatcher_step_lock found no decision (or failed): count
