@@ -15,9 +15,10 @@ per table and batch, never analysed. Each looks like a run waiting for a product
 run state ``waiting``, the bindings of a real bench run, and one ``wait-for`` step in state
 ``waiting`` that has been checked once and is due at its next check, a day or more from now
 (spread one second apart), with a timeout two weeks out. That is the shape
-``waits_schedule`` leaves behind, and it keeps every seeded step in the ``step_due`` partial
-index the claim walks, which is the case that would grow if anything did. No payload rows:
-no constraint asks for them and nothing reads them before the step is due.
+``waits_record_read`` leaves behind after a read that ended nothing, and it keeps every
+seeded step in the ``step_due`` partial index the claim walks, which is the case that would
+grow if anything did. No payload rows: no constraint asks for them and nothing reads them
+before the step is due.
 
 Three statements of the store are costed at each size, each with its own text from
 ``core/db/queries/`` through :class:`core.db.queries.Queries`, prepared and executed with

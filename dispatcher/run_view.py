@@ -1,9 +1,10 @@
 """A run as its current step sees it, read outside the step's lock: the definition, the
 values its expressions may read, its bindings, and the stored command a call needs.
 
-These rows do not change under a leased step (a cancel is the exception, and the step's
-locked transaction decides that: ``Tx.abandoned``), so the claim statement that leases the
-step reads them too (``dispatcher_claim``), and a claimed step costs no read of its own.
+These rows do not change under a leased step (a cancel is the exception, and each
+transition function decides that under the step's lock: ``step_leased``), so the claim
+statement that leases the step reads them too (``dispatcher_claim``), and a claimed step
+costs no read of its own.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ class RunView:
     def abandons(self, seq: int) -> bool:
         """Whether a cancel abandoned the step numbered ``seq``, as read with the run.
 
-        A hint for skipping work early; the step's locked transaction decides
-        (``Tx.abandoned``), since a cancel may commit after this run was read.
+        A hint for skipping work early; each transition function decides under the step's
+        lock (``step_leased``), since a cancel may commit after this run was read.
         """
         return self.cancelling and (self.cancel_seq is None or seq < self.cancel_seq)
 

@@ -1,29 +1,26 @@
 """Writing what happened to a step: each transition one call, its outcome one word.
 
-An executor that knows how its step ends hands a :class:`dispatcher.tx.Settlement` to
-:meth:`Settler.conclude`, and a call about to send its command asks :meth:`Settler.prepare`:
-each is one call of a function of ``core/db/transitions.sql`` in one statement, which locks
-the run row and then the step's (the order a cancel takes them in), writes only while the
-lease is still this dispatcher's in the current hold epoch, decides what a cancel, the
-execution hold or an ended run calls for, and answers which of those it met.
+Every write the dispatcher makes to a step it holds is one call of a function of
+``core/db/transitions.sql`` in one statement: :meth:`Settler.conclude` (``step_settle``) for an
+executor that knows how its step ends, :meth:`Settler.prepare` before a call sends its
+command, :meth:`Settler.retry`, :meth:`Settler.uncertain` and :meth:`Settler.wait` for a call's
+and a timer's other ends, and :meth:`Settler.plan_check` and :meth:`Settler.record_read` around
+a wait-for's read. Each function locks the run row and then the step's (the order a cancel
+takes them in), writes only while the lease is still this dispatcher's in the current hold
+epoch, decides against the database's clock what a deadline or a timeout calls for and what a
+cancel, the execution hold or an ended run calls for, and answers which of those it met.
 
-An executor whose outcome depends on what it reads under the lock (the database's clock, a
-timeout, a deadline) opens :meth:`Settler.locked` instead: a transaction that first locks
-the step row (and its run's), and only while this dispatcher still holds its lease in the
-current hold epoch; inside, it writes through :class:`dispatcher.tx.Tx`, whose settle is the
-same function. A lost lease (another dispatcher found it expired, or a restore-hold raised
-the epoch) writes nothing: the step is no longer ours to move, and one line in the log says
-which of the two it was (``restore.lease-incompatible`` for the epoch).
-:meth:`Settler.settle` and :meth:`Settler.conclude` try again while the database is away, so
-an answer already known is not lost to an outage.
+A lost lease (another dispatcher found it expired, or a restore-hold raised the epoch) writes
+nothing: the step is no longer ours to move, and one line in the log says which of the two it
+was (``restore.lease-incompatible`` for the epoch). Every transition but the prepare is tried
+again while the database is away, so an answer already known is not lost to an outage.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -33,11 +30,11 @@ from asyncpg import Record
 from core.codes import Code
 from core.crypto import Keyring
 from core.errors import CoordinatorError
-from core.payloads import seal_json, statement, transaction
+from core.payloads import seal_json, statement
 from core.runtime import Store
-from core.states import SentNothing, Transition
+from core.states import SentNothing, StepState, Transition
 from dispatcher.claim import Claimed
-from dispatcher.tx import UNCERTAIN_CAUSES, Prepared, Settlement, Tx
+from dispatcher.tx import UNCERTAIN_CAUSES, Prepared, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -66,23 +63,6 @@ class Settler:
         self._sleep = sleep
         self.steps_done_inline = 0
         """Local steps recorded by a settling statement instead of being claimed."""
-
-    @contextlib.asynccontextmanager
-    async def locked(self, claimed: Claimed) -> AsyncIterator[Tx | None]:
-        """A transaction holding the step's row lock, or ``None`` when the lease is lost."""
-        async with transaction(self.store) as conn:
-            row = await self.store.queries.dispatcher_step_lock(
-                conn, run_id=claimed.run_id, step_id=claimed.step_id, owner=self.owner
-            )
-            if row is None:
-                await self._report_lost(conn, claimed)
-                tx = None
-            else:
-                tx = Tx(conn, self.store, self.keyring, self.owner, claimed, row)
-            yield tx
-        if tx is not None:  # committed
-            tx.log_changes(log)
-            self.steps_done_inline += tx.steps_done_inline
 
     async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
         """Say in one line why a lease could not be used; nothing is written either way."""
@@ -130,22 +110,6 @@ class Settler:
                     raise
             await self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
-
-    async def settle(
-        self, claimed: Claimed, action: Callable[[Tx], Awaitable[T]]
-    ) -> tuple[bool, T | None]:
-        """Run ``action`` in a locked transaction, retrying while the database is away.
-
-        Answers (False, None) when the lease was lost, else (True, the action's result).
-        """
-
-        async def attempt() -> tuple[bool, T | None]:
-            async with self.locked(claimed) as tx:
-                if tx is None:
-                    return False, None
-                return True, await action(tx)
-
-        return await self._retrying(attempt)
 
     async def _transition(
         self,
@@ -296,6 +260,71 @@ class Settler:
             log.info("run %s step %s: waiting for a result", claimed.run_id, claimed.step_id)
         elif outcome.moved and outcome is not Transition.WRITTEN:
             log.info("run %s step %s: cancelled (%s)", claimed.run_id, claimed.step_id, outcome)
+        return outcome
+
+    async def record_read(
+        self,
+        claimed: Claimed,
+        *,
+        ends: Settlement | None,
+        on_timeout: Settlement | None,
+        attention: bool | None,
+    ) -> Transition:
+        """Record a read of a wait-for step's result (``step_record_read``), in one
+        statement: ``ends`` is how the step completes when the read brought a decision;
+        ``on_timeout`` how it completes when its timeout has come by the database's clock
+        (``None``: the step has no onTimeout path). Otherwise the check is counted, the
+        step is due at its next check and gives up its lease, and the run's attention is set
+        to ``attention`` (``None`` leaves it). An abandoned step ends cancelled instead.
+        Answers what it did."""
+        completing = ends or on_timeout
+        if completing is not None and (
+            completing.state != StepState.COMPLETED
+            or completing.effect is not None
+            or completing.failure is not None
+        ):
+            raise ValueError("a read ends its wait by completing the step, nothing else")
+        arguments = (
+            None
+            if completing is None
+            else completing.arguments(
+                self.keyring, self.store.runtime.config.namespace, claimed.run_id
+            )
+        )
+
+        async def write(conn: asyncpg.Connection) -> Record | None:
+            return await self.store.queries.waits_record_read(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                ends=ends is not None,
+                may_time_out=ends is None and on_timeout is not None,
+                attention=attention,
+                purposes=[] if arguments is None else arguments.purposes,
+                key_versions=[] if arguments is None else arguments.key_versions,
+                nonces=[] if arguments is None else arguments.nonces,
+                ciphertexts=[] if arguments is None else arguments.ciphertexts,
+                passed_ids=[] if arguments is None else arguments.passed_ids,
+                passed_types=[] if arguments is None else arguments.passed_types,
+                next_step=None if arguments is None else arguments.next_step,
+                next_type=None if arguments is None else arguments.next_type,
+                run_state=None if arguments is None else arguments.run_state,
+                outcome=None if arguments is None else arguments.outcome,
+            )
+
+        outcome, row = await self._transition(claimed, write)
+        if not outcome.moved:
+            return outcome
+        if row["ended"] and completing is not None:
+            if outcome is Transition.WRITTEN and completing.way is not None:
+                self.steps_done_inline += len(completing.way.passed)
+            what = completing.describe(outcome)
+        elif outcome is Transition.WRITTEN:
+            what = "checked: no decision yet, waiting for the next check"
+        else:
+            what = f"cancelled ({outcome}): nothing follows"
+        log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
         return outcome
 
     async def uncertain(

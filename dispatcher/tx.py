@@ -1,28 +1,24 @@
-"""How a step ends, and the step-locked transaction of the writes that need a read first.
+"""How a step ends: what the dispatcher hands to the transition functions.
 
 A :class:`Settlement` says how a step ends and where its run goes; ``step_settle`` in
-``core/db/transitions.sql`` writes it in one call, whoever calls it: the settler for an
-executor that knows its outcome outright (:meth:`dispatcher.settle.Settler.conclude`), or
-:meth:`Tx.settle` inside the locked transaction of one whose outcome depends on what it reads
-there (the database's clock, a timeout, a deadline). That function also decides the cases
-the executor does not know of — a lost lease, a cancel that abandoned the step, the execution
-hold, an ended or erased run — and answers which it met as a :class:`core.states.Transition`.
+``core/db/transitions.sql`` writes it in one call (:meth:`dispatcher.settle.Settler.conclude`),
+and the transitions that end a step on the way (a retry past its deadline, a wait-for read
+that ends the wait) hand theirs to the same function from inside their own. That function
+also decides the cases the executor does not know of — a lost lease, a cancel that abandoned
+the step, the execution hold, an ended or erased run — and answers which it met as a
+:class:`core.states.Transition`. Each transition is one statement, so a crash leaves either
+all of an outcome or none of it (CONTRACT §9.3: an outcome is committed before the next step
+is due).
 
-:meth:`dispatcher.settle.Settler.locked` opens the transaction once the step row (and its
-run's) is locked under this dispatcher's lease; inside, executors write only through
-:class:`Tx`'s methods, so a crash leaves either all of an outcome or none of it (CONTRACT
-§9.3: an outcome is committed before the next step is due).
-
-A step abandoned by a cancel (``Tx.abandoned``: the run is cancelling and the step comes
-before its onCancel path, or there is no such path) still gets its own outcome — an
-accepted effect is kept, a refusal or an uncertain answer recorded — but nothing follows it:
-a retry or a wait ends it ``cancelled``, and when the cancel has no onCancel path and the
-run is left with no live step, the same transaction ends the run ``cancelled``.
+A step abandoned by a cancel (the run is cancelling and the step comes before its onCancel
+path, or there is no such path; ``step_leased`` decides it under the lock) still gets its own
+outcome — an accepted effect is kept, a refusal or an uncertain answer recorded — but nothing
+follows it: a retry or a wait ends it ``cancelled``, and when the cancel has no onCancel path
+and the run is left with no live step, the same statement ends the run ``cancelled``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,9 +30,7 @@ from asyncpg import Record
 from core.crypto import Keyring
 from core.db.statements import Statements
 from core.payloads import seal_json
-from core.runtime import Store
 from core.states import RunState, StepState, Transition
-from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 
 UNCERTAIN_CAUSES: Final = frozenset(
@@ -238,98 +232,3 @@ class Settlement:
 
 CANCEL: Final = Settlement(StepState.CANCELLED)
 """The end of a step a cancel abandoned: whatever it was about to do is not done."""
-
-
-class Tx:
-    """The open, step-locked transaction of one claimed step held by ``owner``."""
-
-    def __init__(
-        self,
-        conn: asyncpg.Connection,
-        store: Store,
-        keyring: Keyring,
-        owner: str,
-        claimed: Claimed,
-        row: Mapping[str, Any],
-    ) -> None:
-        self._conn = conn
-        self._queries = store.queries
-        self._namespace = store.runtime.config.namespace
-        self._keyring = keyring
-        self._owner = owner
-        self.claimed = claimed
-        self.now: datetime = row["now"]
-        self.seq = int(row["seq"])
-        self.state = str(row["state"])
-        self.deadline_at: datetime | None = row["deadline_at"]
-        self.timeout_at: datetime | None = row["timeout_at"]
-        self.cancelling = bool(row["cancelling"])
-        self.cancel_seq: int | None = row["cancel_seq"]
-        self.abandoned = bool(row["abandoned"])
-        """A cancel abandoned this step: record its outcome, continue nowhere."""
-        self.execution_held = bool(row["execution_hold"])
-        self.run_ended = bool(row["run_ended"])
-        self._changes: list[tuple[str, tuple[object, ...]]] = []
-        self.steps_done_inline = 0
-        """Local steps this transaction's settle recorded (:mod:`dispatcher.onward`)."""
-
-    def _changed(self, what: str, *args: object) -> None:
-        """Note a transition for the info log, written once the transaction commits."""
-        self._changes.append((what, args))
-
-    def log_changes(self, log: logging.Logger) -> None:
-        """Log each transition this (committed) transaction wrote, at INFO."""
-        if self._changes and log.isEnabledFor(logging.INFO):
-            for what, args in self._changes:
-                log.info("run %s step %s: " + what, self._run_id, self._step_id, *args)
-
-    @property
-    def _run_id(self) -> str:
-        return self.claimed.run_id
-
-    @property
-    def _step_id(self) -> str:
-        return self.claimed.step_id
-
-    # ------------------------------------------------------------------ every step
-
-    async def settle(self, settlement: Settlement) -> Transition:
-        """End this step as ``settlement`` says, in this transaction (``step_settle``)."""
-        arguments = settlement.arguments(self._keyring, self._namespace, self._run_id)
-        row = await arguments.write(
-            self._conn,
-            self._queries,
-            run_id=self._run_id,
-            step_id=self._step_id,
-            owner=self._owner,
-        )
-        outcome = Transition(row["outcome"])
-        self._changed("%s", settlement.describe(outcome))
-        if outcome is Transition.WRITTEN and settlement.way is not None:
-            self.steps_done_inline += len(settlement.way.passed)
-        if row["run_state"] is not None and RunState(row["run_state"]).ended:
-            self.run_ended = True
-        return outcome
-
-    async def cancel(self) -> None:
-        """End this abandoned step ``cancelled``: whatever it was about to do is not done."""
-        await self.settle(CANCEL)
-
-    async def _run_progress(self, state: str) -> None:
-        await self._queries.dispatcher_run_progress(self._conn, run_id=self._run_id, state=state)
-
-    # -------------------------------------------------------------------- wait-for
-
-    async def count_last_check(self) -> None:
-        """Count the read that ends the wait; no further check is planned."""
-        await self._queries.waits_last_check(self._conn, run_id=self._run_id, step_id=self._step_id)
-
-    async def schedule_check(self) -> None:
-        """Count a read that ended nothing; due at the planned check or the timeout, unleased."""
-        await self._queries.waits_schedule(self._conn, run_id=self._run_id, step_id=self._step_id)
-
-    async def set_attention(self, attention: bool) -> None:
-        """Set the waiting run's attention (``waits_run_attention`` says when it sticks)."""
-        await self._queries.waits_run_attention(
-            self._conn, run_id=self._run_id, attention=attention
-        )

@@ -31,8 +31,6 @@ QueryName = Literal[
     "dispatcher_hold_epoch",
     "dispatcher_lease_renew",
     "dispatcher_next_wake",
-    "dispatcher_run_progress",
-    "dispatcher_step_lock",
     "dispatcher_step_prepare",
     "dispatcher_step_release",
     "dispatcher_step_retry",
@@ -105,10 +103,8 @@ QueryName = Literal[
     "server_version_num",
     "session_user_name",
     "state_key_versions_in_use",
-    "waits_last_check",
     "waits_plan_check",
-    "waits_run_attention",
-    "waits_schedule",
+    "waits_record_read",
     "waits_wake",
 ]
 """The name of every query."""
@@ -137,8 +133,6 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "dispatcher_hold_epoch": 0,
     "dispatcher_lease_renew": 4,
     "dispatcher_next_wake": 0,
-    "dispatcher_run_progress": 2,
-    "dispatcher_step_lock": 3,
     "dispatcher_step_prepare": 9,
     "dispatcher_step_release": 4,
     "dispatcher_step_retry": 5,
@@ -211,10 +205,8 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "server_version_num": 0,
     "session_user_name": 0,
     "state_key_versions_in_use": 0,
-    "waits_last_check": 2,
     "waits_plan_check": 7,
-    "waits_run_attention": 2,
-    "waits_schedule": 2,
+    "waits_record_read": 16,
     "waits_wake": 1,
 }
 """The highest ``$n`` each query uses: how many arguments it takes."""

@@ -392,45 +392,6 @@ class Statements(Queries):
         )
         return result
 
-    async def dispatcher_run_progress(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        state: str,
-    ) -> str:
-        """A run is live in state; an ended run stays as it is. ``state``: running or waiting."""
-        result: str = await conn.execute(
-            self["dispatcher_run_progress"],
-            run_id,
-            state,
-        )
-        return result
-
-    async def dispatcher_step_lock(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        owner: str,
-    ) -> Record | None:
-        """Lock a step for settling or preparing, only while owner holds the lease and the
-        lease's hold epoch is the current one. No row means the lease was lost. The run row is
-        locked too: a cancel (which locks the run first) either committed before, and this
-        transaction sees the run cancelling, or waits until this outcome — and the next step
-        it may make due — is committed, and then finds that step. Answers whether the step is
-        abandoned by a cancel (see the header), whether the execution hold is set, and the
-        namespace's clock, so decisions about time use the database's now.
-        """
-        result: Record | None = await conn.fetchrow(
-            self["dispatcher_step_lock"],
-            run_id,
-            step_id,
-            owner,
-        )
-        return result
-
     async def dispatcher_step_prepare(
         self,
         conn: Connection,
@@ -1619,23 +1580,6 @@ class Statements(Queries):
         )
         return result
 
-    async def waits_last_check(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-    ) -> str:
-        """Count the read of a step locked by dispatcher_step_lock that ends the wait (a
-        decision, or the timeout); no further check is planned.
-        """
-        result: str = await conn.execute(
-            self["waits_last_check"],
-            run_id,
-            step_id,
-        )
-        return result
-
     async def waits_plan_check(
         self,
         conn: Connection,
@@ -1668,43 +1612,54 @@ class Statements(Queries):
         )
         return result
 
-    async def waits_run_attention(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        attention: bool,
-    ) -> Record | None:
-        """Set a run's attention while it waits: true when the product refused to show it the
-        result or failed TLS verification, false again once a read is answered. Attention is
-        never cleared from a run with a step that asks for it (step_wants_attention in
-        schema.sql: an uncertain or not-sent step is an operator's business, as is a call that
-        sent nothing for a refused token or a failed TLS verification), nor from an ended run.
-        Answers the run id when something changed.
-        """
-        result: Record | None = await conn.fetchrow(
-            self["waits_run_attention"],
-            run_id,
-            attention,
-        )
-        return result
-
-    async def waits_schedule(
+    async def waits_record_read(
         self,
         conn: Connection,
         *,
         run_id: str,
         step_id: str,
+        owner: str,
+        ends: bool,
+        may_time_out: bool,
+        attention: bool | None,
+        purposes: Sequence[str],
+        key_versions: Sequence[int],
+        nonces: Sequence[bytes],
+        ciphertexts: Sequence[bytes],
+        passed_ids: Sequence[str],
+        passed_types: Sequence[str],
+        next_step: str | None,
+        next_type: str | None,
+        run_state: str | None,
+        outcome: str | None,
     ) -> Record | None:
-        """A read of a step locked by dispatcher_step_lock found no decision (or failed): count
-        the check, make the step due at its next check or its timeout, whichever comes first,
-        and give up the lease. A completion event that arrived during the read had set
-        next_check_at to its own instant, so the step is due at once.
+        """Record a read of a wait-for step leased to owner: with ends (a decision), or with
+        may_time_out once its timeout has come, the wait ends and the step completes with the
+        payloads and the way on given (as dispatcher_step_settle takes them); otherwise the
+        step is due at its next check or its timeout and gives up its lease, and the run's
+        attention is set to attention (null: left). One call of step_record_read in
+        transitions.sql, which says what each outcome wrote; always one row, ended saying
+        whether the wait ended. ``ends``: the read brought a decision. ``may_time_out``: the
+        step has an onTimeout path.
         """
         result: Record | None = await conn.fetchrow(
-            self["waits_schedule"],
+            self["waits_record_read"],
             run_id,
             step_id,
+            owner,
+            ends,
+            may_time_out,
+            attention,
+            purposes,
+            key_versions,
+            nonces,
+            ciphertexts,
+            passed_ids,
+            passed_types,
+            next_step,
+            next_type,
+            run_state,
+            outcome,
         )
         return result
 

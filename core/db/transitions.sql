@@ -332,6 +332,87 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_plan_check(
         END
     $$;
 
+-- The dispatcher read the product's result for wait-for step p_step of run p_run, leased
+-- to p_owner, and records what the read said. The read ends the wait when p_ends (a
+-- decision) or, with p_may_time_out (the step has an onTimeout path), when the step's
+-- timeout has come by the database's clock: the check is counted as the last one, the
+-- run's attention is cleared (by the rule below), and the step completes as
+-- step_settle completes it, with the payloads and the way on given (p_purposes ...
+-- p_outcome, as step_settle takes them); ended answers that it did. Otherwise the check is
+-- counted, the step is due at its next check or its timeout, whichever comes first, and
+-- gives up its lease, and the run's attention is set to p_attention (null: left as it is):
+-- true when the product refused to show the result or failed TLS verification, false once
+-- a read is answered. Attention is never cleared from a run with a step that asks for it
+-- (step_wants_attention in schema.sql), nor set on an ended run. When a cancel abandoned
+-- the step (outcome abandoned) nothing is recorded: it ends cancelled, as step_settle ends
+-- it.
+CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
+    p_run text, p_step text, p_owner text, p_ends boolean, p_may_time_out boolean,
+    p_attention boolean,
+    p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
+    p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text,
+    p_run_state text, p_outcome text,
+    OUT outcome text, OUT run_state text, OUT ended boolean)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            l record;
+            clear_or_set boolean := p_attention;
+        BEGIN
+            ended := false;
+            SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
+            IF l.verdict <> 'ours' THEN
+                outcome := l.verdict;
+                RETURN;
+            END IF;
+            IF l.abandoned THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
+                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                          NULL, NULL, NULL, NULL) x;
+                RETURN;
+            END IF;
+            ended := p_ends OR (p_may_time_out AND EXISTS (
+                         SELECT 1 FROM {{ns}}.step x
+                          WHERE x.run_id = p_run AND x.step_id = p_step
+                            AND x.timeout_at <= {{ns}}.now()));
+            IF ended THEN
+                UPDATE {{ns}}.step x
+                   SET checks = x.checks + 1, next_check_at = NULL, updated_at = {{ns}}.now()
+                 WHERE x.run_id = p_run AND x.step_id = p_step;
+                clear_or_set := false;
+            ELSE
+                UPDATE {{ns}}.step x
+                   SET checks = x.checks + 1,
+                       due_at = least(x.next_check_at, x.timeout_at),
+                       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                       updated_at = {{ns}}.now()
+                 WHERE x.run_id = p_run AND x.step_id = p_step;
+            END IF;
+            IF clear_or_set IS NOT NULL THEN
+                UPDATE {{ns}}.run r
+                   SET attention = clear_or_set, updated_at = {{ns}}.now()
+                 WHERE r.id = p_run
+                   AND r.ended_at IS NULL
+                   AND r.attention IS DISTINCT FROM clear_or_set
+                   AND (clear_or_set
+                        OR NOT EXISTS (SELECT 1 FROM {{ns}}.step s
+                                        WHERE s.run_id = r.id
+                                          AND {{ns}}.step_wants_attention(s.state, s.cause)));
+            END IF;
+            IF ended THEN
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'completed', NULL,
+                                          p_purposes, p_key_versions, p_nonces, p_ciphertexts,
+                                          p_passed_ids, p_passed_types, p_next, p_next_type,
+                                          p_run_state, p_outcome, NULL, NULL) x;
+                RETURN;
+            END IF;
+            outcome := 'written';
+        END
+    $$;
+
 -- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored

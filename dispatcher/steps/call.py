@@ -160,9 +160,10 @@ def answered(
     workflow: Workflow, scope: Scope, step: CallStep, op: Operation, result: Classified
 ) -> Settlement | None:
     """How a classified answer ends the step and where the run goes, for the answers whose
-    ending needs nothing read under the step's lock (accepted, refused, unsendable);
-    ``None`` for retryable and uncertain ones, which :func:`_record` settles in the locked
-    transaction. Pure: ``coordinatorctl workflow simulate`` runs it too."""
+    ending needs nothing decided under the step's lock (accepted, refused, unsendable);
+    ``None`` for retryable and uncertain ones, which :func:`_record` hands to
+    ``step_retry`` and ``step_make_uncertain``. Pure: ``coordinatorctl workflow simulate``
+    runs it too."""
     response = result.response
     if result.result == ACCEPTED:
         mapped = map_output(op, step.output, scope, response)

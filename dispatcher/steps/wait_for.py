@@ -52,7 +52,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 from core import derive
@@ -69,7 +68,7 @@ from dispatcher.claim import Claimed
 from dispatcher.onward import Onward
 from dispatcher.run_view import RunView
 from dispatcher.steps.base import Flight, StepEnv, TokenWithheld, call_token
-from dispatcher.tx import Failure, Settlement, Tx
+from dispatcher.tx import Failure, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -249,11 +248,6 @@ async def read_result(env: StepEnv, connection: str, url: str) -> Read:
     return await _get(env, connection, url, fresh)
 
 
-def _timed_out(tx: Tx, step: WaitForStep) -> bool:
-    timeout_at: datetime | None = tx.timeout_at
-    return step.on_timeout is not None and timeout_at is not None and timeout_at <= tx.now
-
-
 async def execute(
     env: StepEnv, claimed: Claimed, run: RunView, step: WaitForStep, flight: Flight
 ) -> None:
@@ -301,24 +295,14 @@ async def execute(
     elif read.kind == FAILED:
         log.info("wait %s of run %s: the read failed (%s)", step.id, run.id, read.reason)
 
-    async def record(tx: Tx) -> None:
-        if tx.abandoned:
-            await tx.cancel()
-            return
-        if read.kind == DECIDED and read.result is not None:
-            await tx.count_last_check()
-            await tx.set_attention(False)
-            await tx.settle(decided(run.workflow, step, read.result))
-            return
-        if _timed_out(tx, step) and step.on_timeout is not None:
-            await tx.count_last_check()
-            # The wait is over either way; a mark left by refused reads no longer applies.
-            await tx.set_attention(False)
-            await tx.settle(timed_out(run.workflow, step))
-            return
-        await tx.schedule_check()
-        if read.kind in (REFUSED, UNTRUSTED, PENDING):
-            await tx.set_attention(read.kind != PENDING)
-
+    ends = (
+        decided(run.workflow, step, read.result)
+        if read.kind == DECIDED and read.result is not None
+        else None
+    )
+    on_timeout = timed_out(run.workflow, step) if step.on_timeout is not None else None
+    # A refused or untrusted read asks for attention, an answered one clears it; a failed
+    # read leaves it. A read that ends the wait clears it in any case.
+    attention = read.kind != PENDING if read.kind in (REFUSED, UNTRUSTED, PENDING) else None
     # A lost lease is logged by the settler.
-    await env.settler.settle(claimed, record)
+    await env.settler.record_read(claimed, ends=ends, on_timeout=on_timeout, attention=attention)

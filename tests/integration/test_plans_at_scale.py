@@ -214,6 +214,17 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
         "",
         (bytes(32), 3600.0, 60.0, True),
     ),
+    "a read that schedules the next check": (
+        "waits_record_read",
+        ", next_check_at = {ns}.now() + interval '1 minute'",
+        (False, False, True, [], [], [], [], [], [], None, None, None, None),
+    ),
+    "a read that ends the wait": (
+        "waits_record_read",
+        "",
+        (True, False, None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"], ["choose"],
+         "notify", "call", None, None),
+    ),
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
         ", step_type = 'call', state = 'ready', cause = 'token-refused'",

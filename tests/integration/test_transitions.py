@@ -3,8 +3,8 @@ the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` fo
 ``step_settle``, :meth:`dispatcher.settle.Settler.prepare` for ``step_prepare``,
 :meth:`dispatcher.settle.Settler.uncertain` for ``step_make_uncertain``,
 :meth:`dispatcher.settle.Settler.retry` for ``step_retry``, :meth:`dispatcher.settle.Settler.wait`
-for ``step_wait``, :meth:`dispatcher.settle.Settler.plan_check` for ``step_plan_check``) on the
-real
+for ``step_wait``, :meth:`dispatcher.settle.Settler.plan_check` for ``step_plan_check``,
+:meth:`dispatcher.settle.Settler.record_read` for ``step_record_read``) on the real
 PostgreSQL server, with the rows each leaves behind.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
@@ -459,6 +459,113 @@ async def test_plan_check_writes_nothing_without_the_lease(kit: DispatchKit) -> 
     )
     assert outcome is Transition.RESTORE_HELD
     assert await everything(kit, claimed.run_id) == before
+
+
+# ---------------------------------------------------------------------- step_record_read
+
+DECISION = Settlement.onward(THROUGH_TO_KEPT, keep={"wait-result": {"outcome": "approved"}})
+TIMEOUT_WAY = Settlement.onward(Onward((), "check", "choose", None))
+
+
+async def planned_read(kit: DispatchKit) -> tuple[Dispatcher, Claimed]:
+    """A claimed step made a wait-for step whose read is planned: next check in 60 s, a
+    timeout in an hour, the lease kept for the read."""
+    dispatcher, claimed = await claimed_call(kit)
+    await as_wait_for(kit, claimed.run_id)
+    outcome = await dispatcher.settler.plan_check(
+        claimed, match=MATCH, timeout_seconds=3600.0, delay=60.0, entering=True
+    )
+    assert outcome is Transition.WRITTEN
+    return dispatcher, claimed
+
+
+async def test_record_a_decision_ends_the_wait_and_the_run_moves_on(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET attention = true WHERE id = $1", claimed.run_id)
+    outcome = await dispatcher.settler.record_read(
+        claimed, ends=DECISION, on_timeout=TIMEOUT_WAY, attention=None
+    )
+    assert outcome is Transition.WRITTEN
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["checks"], step["next_check_at"]) == ("completed", 1, None)
+    assert ("send", "wait-result") in await payloads(kit, claimed.run_id)
+    assert await run_row(kit, claimed.run_id) == ("succeeded", "kept", None, None)
+    assert not await attention(kit, claimed.run_id)
+    assert dispatcher.settler.steps_done_inline == 2
+
+
+async def test_record_after_the_timeout_takes_the_on_timeout_way(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET timeout_at = {kit.ns}.now() WHERE run_id = $1", claimed.run_id
+    )
+    outcome = await dispatcher.settler.record_read(
+        claimed, ends=None, on_timeout=TIMEOUT_WAY, attention=True
+    )
+    assert outcome is Transition.WRITTEN
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "wait-for", "completed", None, False, False),
+        ("check", 2, "choose", "ready", None, False, True),
+    ]
+    assert not await attention(kit, claimed.run_id)  # the wait is over: no mark stays
+
+
+async def test_record_without_a_decision_schedules_the_next_check(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    outcome = await dispatcher.settler.record_read(
+        claimed, ends=None, on_timeout=TIMEOUT_WAY, attention=True
+    )
+    assert outcome is Transition.WRITTEN
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["checks"], step["lease_owner"]) == ("waiting", 1, None)
+    assert step["due_at"] == step["next_check_at"]  # the check comes before the timeout
+    assert await run_row(kit, claimed.run_id) == ("waiting", None, None, None)
+    assert await attention(kit, claimed.run_id)  # refused: an operator should look
+
+
+async def test_record_of_an_answered_read_clears_the_attention_unless_a_step_wants_it(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET attention = true WHERE id = $1", claimed.run_id)
+    assert (
+        await dispatcher.settler.record_read(claimed, ends=None, on_timeout=None, attention=False)
+        is Transition.WRITTEN
+    )
+    assert not await attention(kit, claimed.run_id)
+
+
+async def test_record_abandoned_ends_the_step_cancelled(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    outcome = await dispatcher.settler.record_read(
+        claimed, ends=DECISION, on_timeout=None, attention=None
+    )
+    assert outcome is Transition.ABANDONED
+    assert (await kit.step(claimed.run_id, "send"))["state"] == "cancelled"
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_record_writes_nothing_without_the_lease(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.step SET lease_owner = 'another-dispatcher'")
+    before = await everything(kit, claimed.run_id)
+    outcome = await dispatcher.settler.record_read(
+        claimed, ends=DECISION, on_timeout=None, attention=None
+    )
+    assert outcome is Transition.LEASE_LOST
+    assert await everything(kit, claimed.run_id) == before
+
+
+async def test_a_read_ends_its_wait_only_by_completing_the_step(kit: DispatchKit) -> None:
+    dispatcher, claimed = await planned_read(kit)
+    with pytest.raises(ValueError, match="completing the step"):
+        await dispatcher.settler.record_read(
+            claimed,
+            ends=Settlement.failing(Failure("refused")),
+            on_timeout=None,
+            attention=None,
+        )
 
 
 # ------------------------------------------------------------------ step_make_uncertain

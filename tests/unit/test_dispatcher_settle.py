@@ -1,4 +1,9 @@
-"""Recording an outcome survives a database outage and a deadlock, and stops at a lost lease."""
+"""Recording an outcome survives a database outage and a deadlock, and stops at a lost lease.
+
+Every transition the settler writes is one statement through :meth:`Settler._transition`;
+here its statement is a stand-in that fails as scripted before it answers, and the
+transition function's row is scripted too (the functions themselves are driven on the real
+server by tests/integration/test_transitions.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +17,25 @@ import pytest
 
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.states import Transition
+from dispatcher import settle
 from dispatcher.claim import Claimed
 from dispatcher.settle import STORE_RETRY_DELAYS, Settler
-from dispatcher.tx import Tx
 
-CLAIMED = Claimed("run-1", "send", 1, "call", "ready", 0, None, None, False)
+CLAIMED = Claimed("run-1", "send", 1, "call", "ready", 0, None, None, False, lease_epoch=3)
 
 
 class FlakySettler(Settler):
-    """A settler whose locked transaction fails as scripted before it works."""
+    """A settler whose statements fail as scripted before they work."""
 
-    def __init__(self, failures: list[BaseException], *, lease_lost: bool = False) -> None:
-        store: Any = SimpleNamespace(runtime=SimpleNamespace(config=SimpleNamespace(namespace="n")))
+    def __init__(self, failures: list[BaseException], *, epoch: int = 3) -> None:
+        async def hold_epoch(conn: Any) -> int:
+            return epoch
+
+        store: Any = SimpleNamespace(
+            runtime=SimpleNamespace(config=SimpleNamespace(namespace="n")),
+            queries=SimpleNamespace(dispatcher_hold_epoch=hold_epoch),
+        )
         self.slept: list[float] = []
 
         async def sleep(seconds: float) -> None:
@@ -31,51 +43,82 @@ class FlakySettler(Settler):
 
         super().__init__(store, keyring=None, owner="me", sleep=sleep)  # type: ignore[arg-type]
         self.failures = failures
-        self.lease_lost = lease_lost
         self.opened = 0
 
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dispatcher.settle.statement`` opens nothing: it fails as the settler's script says."""
+
     @contextlib.asynccontextmanager
-    async def locked(self, claimed: Claimed) -> AsyncIterator[Tx | None]:
-        self.opened += 1
-        if self.failures:
-            raise self.failures.pop(0)
-        yield None if self.lease_lost else "tx"  # type: ignore[misc]
+    async def statement(store: Any) -> AsyncIterator[Any]:
+        settler: FlakySettler = store.settler
+        settler.opened += 1
+        if settler.failures:
+            raise settler.failures.pop(0)
+        yield "conn"
+
+    monkeypatch.setattr(settle, "statement", statement)
 
 
-async def record(tx: Any) -> str:
-    return f"recorded with {tx}"
+def flaky(failures: list[BaseException], *, epoch: int = 3) -> FlakySettler:
+    settler = FlakySettler(failures, epoch=epoch)
+    settler.store.settler = settler  # type: ignore[attr-defined]
+    return settler
 
 
+def answering(outcome: str) -> Any:
+    async def write(conn: Any) -> dict[str, Any]:
+        assert conn == "conn"
+        return {"outcome": outcome}
+
+    return write
+
+
+@pytest.mark.usefixtures("statements")
 async def test_an_outcome_is_recorded_after_outages_and_a_deadlock() -> None:
-    settler = FlakySettler(
+    settler = flaky(
         [
             CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached"),
             asyncpg.DeadlockDetectedError("deadlock detected"),
             CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached"),
         ]
     )
-    assert await settler.settle(CLAIMED, record) == (True, "recorded with tx")
+    outcome, row = await settler._transition(CLAIMED, answering("written"))
+    assert (outcome, row) == (Transition.WRITTEN, {"outcome": "written"})
     assert settler.opened == 4
     assert settler.slept == list(STORE_RETRY_DELAYS[:3])
 
 
+@pytest.mark.usefixtures("statements")
 async def test_retries_are_bounded() -> None:
     outage = CoordinatorError(Code.SERVICE_UNAVAILABLE, "the database cannot be reached")
-    settler = FlakySettler([outage] * 20)
+    settler = flaky([outage] * 20)
     with pytest.raises(CoordinatorError):
-        await settler.settle(CLAIMED, record)
+        await settler._transition(CLAIMED, answering("written"))
     assert settler.opened == len(STORE_RETRY_DELAYS) + 1
     assert sum(settler.slept) < 30  # within one lease
 
 
+@pytest.mark.usefixtures("statements")
 async def test_other_refusals_are_not_retried() -> None:
-    settler = FlakySettler([CoordinatorError(Code.DEPLOYMENT_REFUSED, "permission denied")])
+    settler = flaky([CoordinatorError(Code.DEPLOYMENT_REFUSED, "permission denied")])
     with pytest.raises(CoordinatorError):
-        await settler.settle(CLAIMED, record)
+        await settler._transition(CLAIMED, answering("written"))
     assert (settler.opened, settler.slept) == (1, [])
 
 
-async def test_a_lost_lease_records_nothing() -> None:
-    settler = FlakySettler([], lease_lost=True)
-    assert await settler.settle(CLAIMED, record) == (False, None)
+@pytest.mark.usefixtures("statements")
+async def test_a_lost_lease_records_nothing_and_says_which_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settler = flaky([])
+    outcome, _ = await settler._transition(CLAIMED, answering("lease-lost"))
+    assert outcome is Transition.LEASE_LOST
     assert settler.opened == 1
+    assert "the lease was lost" in caplog.text
+    caplog.clear()
+    # A restore-hold raised the epoch since the claim: said as the restore's refusal.
+    outcome, _ = await flaky([], epoch=4)._transition(CLAIMED, answering("lease-lost"))
+    assert outcome is Transition.LEASE_LOST
+    assert "restore.lease-incompatible" in caplog.text

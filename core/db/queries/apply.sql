@@ -58,7 +58,8 @@ BEGIN
                               {{ns}}.run_attention_recompute,
                               {{ns}}.step_settle, {{ns}}.step_prepare,
                               {{ns}}.step_make_uncertain, {{ns}}.step_retry,
-                              {{ns}}.step_wait, {{ns}}.step_plan_check
+                              {{ns}}.step_wait, {{ns}}.step_plan_check,
+                              {{ns}}.step_record_read
        TO {{dispatcher}};
 
     -- Read by every component at startup to verify the activation (§6.4).

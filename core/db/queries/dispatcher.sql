@@ -10,8 +10,8 @@
 -- path, records the seq of the step that path starts at in run.cancel_seq. Every step
 -- before that seq (all of them, without such a path) is abandoned: the dispatcher still
 -- records what its product answered, but it never makes another step due after it and
--- never sends its command again. dispatcher_step_lock answers whether the locked step is
--- abandoned, so that rule is written once.
+-- never sends its command again. step_leased (transitions.sql) answers whether the locked
+-- step is abandoned, for every transition function, so that rule is written once.
 --
 -- A step's cause says why its effect is unknown, or (token-refused, tls-refused: the
 -- sent_nothing causes of schema.sql) why a call sent nothing yet. The statement that makes
@@ -194,29 +194,6 @@ UPDATE {{ns}}.step
  WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
 RETURNING lease_expires_at;
 
--- name: dispatcher_step_lock
--- Lock a step for settling or preparing, only while owner holds the lease and the
--- lease's hold epoch is the current one. No row means the lease was lost. The run row is
--- locked too: a cancel (which locks the run first) either committed before, and this
--- transaction sees the run cancelling, or waits until this outcome — and the next step it
--- may make due — is committed, and then finds that step.
--- Answers whether the step is abandoned by a cancel (see the header), whether the
--- execution hold is set, and the namespace's clock, so decisions about time use the
--- database's now.
--- $1 run_id (text)
--- $2 step_id (text)
--- $3 owner (text)
--- returns: row
-SELECT s.seq, s.state, s.deadline_at, s.timeout_at, s.attempts, r.cancelling, r.cancel_seq,
-       r.cancelling AND (r.cancel_seq IS NULL OR s.seq < r.cancel_seq) AS abandoned,
-       r.ended_at IS NOT NULL AS run_ended, h.execution_hold, {{ns}}.now() AS now
-  FROM {{ns}}.step s
-  JOIN {{ns}}.run r ON r.id = s.run_id
-  JOIN {{ns}}.hold h ON h.epoch = s.lease_epoch
- WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3
-   FOR UPDATE OF s
-   FOR NO KEY UPDATE OF r;
-
 -- name: dispatcher_hold_epoch
 -- The current hold epoch: compared with a lost lease's epoch, it tells whether a
 -- restore-hold (which raises it) took the lease away.
@@ -398,15 +375,6 @@ SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
 -- $5 timeout_at (timestamptz, null)
 -- returns: row
 SELECT outcome, run_state FROM {{ns}}.step_wait($1, $2, $3, $4, $5);
-
--- name: dispatcher_run_progress
--- A run is live in state; an ended run stays as it is.
--- $1 run_id (text)
--- $2 state (text): running or waiting
--- returns: status
-UPDATE {{ns}}.run
-   SET state = $2, updated_at = {{ns}}.now()
- WHERE id = $1 AND ended_at IS NULL;
 
 -- name: dispatcher_step_prepare
 -- Commit the command of a call step leased to owner as prepared before it is sent: the

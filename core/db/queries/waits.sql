@@ -8,10 +8,11 @@
 -- memory per waiting run, and no statement walks the waiting steps.
 --
 -- The order of one check is what makes an event that arrives during a read count:
---   1. waits_plan_check, before the read, stores the instant of the following check in
---      next_check_at (the step stays leased and due);
+--   1. waits_plan_check (step_plan_check), before the read, stores the instant of the
+--      following check in next_check_at (the step stays leased and due);
 --   2. the read happens, outside any transaction;
---   3. waits_schedule makes the step due at the earlier of next_check_at and timeout_at.
+--   3. waits_record_read (step_record_read), when the read ended nothing, makes the step
+--      due at the earlier of next_check_at and timeout_at.
 -- A completion event in between sets next_check_at to now (waits_wake), so step 3 makes the
 -- step due at once and the result is read again, instead of the event being overwritten by
 -- the planned check.
@@ -32,52 +33,33 @@
 -- returns: row
 SELECT outcome, run_state FROM {{ns}}.step_plan_check($1, $2, $3, $4, $5, $6, $7);
 
--- name: waits_schedule
--- A read of a step locked by dispatcher_step_lock found no decision (or failed): count
--- the check, make the step due at its next check or its timeout, whichever comes first,
--- and give up the lease. A completion event that arrived during the read had set
--- next_check_at to its own instant, so the step is due at once.
+-- name: waits_record_read
+-- Record a read of a wait-for step leased to owner: with ends (a decision), or with
+-- may_time_out once its timeout has come, the wait ends and the step completes with the
+-- payloads and the way on given (as dispatcher_step_settle takes them); otherwise the step
+-- is due at its next check or its timeout and gives up its lease, and the run's attention
+-- is set to attention (null: left). One call of step_record_read in transitions.sql, which
+-- says what each outcome wrote; always one row, ended saying whether the wait ended.
 -- $1 run_id (text)
 -- $2 step_id (text)
+-- $3 owner (text)
+-- $4 ends (boolean): the read brought a decision
+-- $5 may_time_out (boolean): the step has an onTimeout path
+-- $6 attention (boolean, null)
+-- $7 purposes (text[])
+-- $8 key_versions (integer[])
+-- $9 nonces (bytea[])
+-- $10 ciphertexts (bytea[])
+-- $11 passed_ids (text[])
+-- $12 passed_types (text[])
+-- $13 next_step (text, null)
+-- $14 next_type (text, null)
+-- $15 run_state (text, null)
+-- $16 outcome (text, null)
 -- returns: row
-UPDATE {{ns}}.step
-   SET checks = checks + 1,
-       due_at = least(next_check_at, timeout_at),
-       lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-       updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2
-RETURNING due_at;
-
--- name: waits_last_check
--- Count the read of a step locked by dispatcher_step_lock that ends the wait (a
--- decision, or the timeout); no further check is planned.
--- $1 run_id (text)
--- $2 step_id (text)
--- returns: status
-UPDATE {{ns}}.step
-   SET checks = checks + 1, next_check_at = NULL, updated_at = {{ns}}.now()
- WHERE run_id = $1 AND step_id = $2;
-
--- name: waits_run_attention
--- Set a run's attention while it waits: true when the product refused to show it the
--- result or failed TLS verification, false again once a read is answered. Attention is
--- never cleared from a run with a step that asks for it (step_wants_attention in
--- schema.sql: an uncertain or not-sent step is an operator's business, as is a call that
--- sent nothing for a refused token or a failed TLS verification), nor from an ended run.
--- Answers the run id when something changed.
--- $1 run_id (text)
--- $2 attention (boolean)
--- returns: row
-UPDATE {{ns}}.run r
-   SET attention = $2::boolean, updated_at = {{ns}}.now()
- WHERE r.id = $1
-   AND r.ended_at IS NULL
-   AND r.attention IS DISTINCT FROM $2::boolean
-   AND ($2::boolean
-        OR NOT EXISTS (SELECT 1 FROM {{ns}}.step s
-                        WHERE s.run_id = r.id
-                          AND {{ns}}.step_wants_attention(s.state, s.cause)))
-RETURNING r.id;
+SELECT outcome, run_state, ended
+  FROM {{ns}}.step_record_read($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                               $15, $16);
 
 -- name: waits_wake
 -- A completion event for the result whose keyed digest is match: bring the next check
