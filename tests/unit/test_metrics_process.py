@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -23,12 +22,6 @@ from gateway.app import create_metrics_app
 from gateway.metrics import HttpMetrics
 from tests.helpers.gateway_kit import FakeBackend, client_for, context, primed
 
-ON_PROC = pytest.mark.skipif(
-    not Path("/proc/self/stat").exists(), reason="process_* is read from /proc (Linux)"
-)
-ON_CPYTHON = pytest.mark.skipif(
-    platform.python_implementation() != "CPython", reason="python_gc_* exists on CPython only"
-)
 PROCESS_FAMILIES = (
     "process_cpu_seconds",
     "process_resident_memory_bytes",
@@ -100,7 +93,6 @@ def open_descriptors(count: int) -> Iterator[None]:
 # ------------------------------------------------------------------------ one registry
 
 
-@ON_PROC
 def test_a_components_registry_reports_this_process_labelled_with_the_component() -> None:
     registry = new_registry("auditd")
     before = exposition(registry)
@@ -118,7 +110,6 @@ def test_a_components_registry_reports_this_process_labelled_with_the_component(
     assert 0 < started <= time.time()
 
 
-@ON_CPYTHON
 def test_gc_and_python_info_are_this_interpreters() -> None:
     registry = new_registry("recovery")
     labels = {"component": "recovery", "generation": "2"}
