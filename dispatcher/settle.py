@@ -284,12 +284,9 @@ class Settler:
             or completing.failure is not None
         ):
             raise ValueError("a read ends its wait by completing the step, nothing else")
-        arguments = (
-            None
-            if completing is None
-            else completing.arguments(
-                self.keyring, self.store.runtime.config.namespace, claimed.run_id
-            )
+        # Without a way to end, the function's settle arguments are empty and unused.
+        arguments = (completing or Settlement(StepState.COMPLETED)).arguments(
+            self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
         async def write(conn: asyncpg.Connection) -> Record | None:
@@ -301,16 +298,16 @@ class Settler:
                 ends=ends is not None,
                 may_time_out=ends is None and on_timeout is not None,
                 attention=attention,
-                purposes=[] if arguments is None else arguments.purposes,
-                key_versions=[] if arguments is None else arguments.key_versions,
-                nonces=[] if arguments is None else arguments.nonces,
-                ciphertexts=[] if arguments is None else arguments.ciphertexts,
-                passed_ids=[] if arguments is None else arguments.passed_ids,
-                passed_types=[] if arguments is None else arguments.passed_types,
-                next_step=None if arguments is None else arguments.next_step,
-                next_type=None if arguments is None else arguments.next_type,
-                run_state=None if arguments is None else arguments.run_state,
-                outcome=None if arguments is None else arguments.outcome,
+                purposes=arguments.purposes,
+                key_versions=arguments.key_versions,
+                nonces=arguments.nonces,
+                ciphertexts=arguments.ciphertexts,
+                passed_ids=arguments.passed_ids,
+                passed_types=arguments.passed_types,
+                next_step=arguments.next_step,
+                next_type=arguments.next_type,
+                run_state=arguments.run_state,
+                outcome=arguments.outcome,
             )
 
         outcome, row = await self._transition(claimed, write)
