@@ -84,6 +84,9 @@ class Transition(StrEnum):
     """The run ended while the step was leased: the step's end only."""
     ERASED = "erased"
     """Retention erased the run's values: the step's end, none of its payloads."""
+    CHANGED = "changed"
+    """(Operator mode) the step is not the version the operator's action read: nothing
+    written."""
 
     @property
     def moved(self) -> bool:
@@ -92,5 +95,10 @@ class Transition(StrEnum):
 
 
 NOTHING_WRITTEN: Final = frozenset(
-    {Transition.LEASE_LOST, Transition.RESTORE_HELD, Transition.ALREADY_SETTLED}
+    {
+        Transition.LEASE_LOST,
+        Transition.RESTORE_HELD,
+        Transition.ALREADY_SETTLED,
+        Transition.CHANGED,
+    }
 )

@@ -47,9 +47,13 @@ class Claimed:
     command_key: str | None
     past_deadline: bool
     lease_epoch: int | None = None
+    """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
     now: datetime | None = None
     """The namespace's clock when the step was claimed (``None`` only when made by hand)."""
-    """The hold epoch the lease was taken in (a restore-hold raises the current one)."""
+    abandoned: bool = False
+    """Whether a cancel had abandoned the step when it was claimed (``step_abandoned``): a
+    hint for skipping work early, which each transition function confirms under the
+    step's lock, since a cancel may commit after the claim."""
     context: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     """The claim row itself, with what executing the step reads (see ``dispatcher_claim``):
     the run, its sealed scope, its bindings and the stored command."""
@@ -70,6 +74,7 @@ class Claimed:
             past_deadline=bool(row["past_deadline"]),
             lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
             now=row["now"],
+            abandoned=bool(row["abandoned"]),
             context=row,
         )
 

@@ -289,7 +289,7 @@ class Dispatcher:
             await self.settler.release(claimed)
             return
         run = loaded.run
-        if run.abandons(claimed.seq) and claimed.state != StepState.PREPARED:
+        if claimed.abandoned and claimed.state != StepState.PREPARED:
             # (A prepared command may have left: the call executor makes it uncertain.) A
             # cancel is never undone, so the step is still abandoned when step_settle locks
             # it, and ends cancelled (or the lease was lost, or the run ended meanwhile).

@@ -34,21 +34,10 @@ class RunView:
     id: str
     workflow: Workflow
     created_at: datetime
-    cancelling: bool
-    cancel_seq: int | None
-    """The seq the run's onCancel path starts at, while it is being cancelled with one."""
     scope: Scope
     """What expressions can read: input, kept step values, run id and start instant."""
     bindings: Mapping[str, Binding]
     """The run's recorded binding of each connection, by connection name."""
-
-    def abandons(self, seq: int) -> bool:
-        """Whether a cancel abandoned the step numbered ``seq``, as read with the run.
-
-        A hint for skipping work early; each transition function decides under the step's
-        lock (``step_leased``), since a cancel may commit after this run was read.
-        """
-        return self.cancelling and (self.cancel_seq is None or seq < self.cancel_seq)
 
 
 @dataclass(frozen=True)
@@ -115,8 +104,6 @@ async def load_claimed(
         id=run_id,
         workflow=workflow,
         created_at=created_at,
-        cancelling=bool(row["cancelling"]),
-        cancel_seq=None if row["cancel_seq"] is None else int(row["cancel_seq"]),
         scope=build_scope(keyring, namespace, run_id, created_at, payloads),
         bindings={
             str(entry["connection"]): Binding.from_row(entry)

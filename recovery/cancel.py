@@ -2,7 +2,8 @@
 
 Cancel only writes the database, so it is allowed under the execution hold and from a
 ``--recovery-only`` instance; an onCancel path is dispatched once dispatch runs again. The
-order of things, in one transaction with the run row locked:
+order of things, in one transaction, steps 2 and 3 being one call of ``run_cancel``
+(``core/db/transitions.sql``) with the run row locked:
 
 1. Refuse a missing run, changed connection settings and an ended run (``cancel.refused``).
    A run that is already cancelling is answered as it is (idempotent), and the action is
@@ -29,7 +30,8 @@ import asyncpg
 
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.workflow.model import Workflow, step_kind
+from core.states import Transition
+from core.workflow.model import step_kind
 from recovery.env import RecoveryEnv
 from recovery.targets import (
     answer,
@@ -54,43 +56,22 @@ async def cancel(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:
             raise _ended()
         workflow = await env.workflows.get(conn, queries, run.package_digest)
 
+    on_cancel = workflow.on_cancel
+    on_cancel_type = None if on_cancel is None else step_kind(workflow.step(on_cancel))
+
     async def write(conn: asyncpg.Connection) -> dict[str, Any]:
-        locked = await queries.recovery_run_lock(conn, run_id=run_id)
-        assert locked is not None  # run rows are never deleted
-        if locked["ended"]:
+        row = await queries.recovery_run_cancel(
+            conn,
+            run_id=run_id,
+            on_cancel=on_cancel,
+            on_cancel_type=on_cancel_type,
+        )
+        assert row is not None  # one call: always one row
+        if row["outcome"] == Transition.RUN_ENDED:
             raise _ended()
-        if locked["cancelling"]:
-            # Already on its way out. Should nothing be left to work on (the dispatcher
-            # settled the last held step without ending the run), end it now.
-            ended = await queries.recovery_run_cancel_end(conn, run_id=run_id)
-            result = "cancelled" if ended else "cancelling"
-        else:
-            result = await _begin(conn, env, workflow, run_id)
+        result = str(row["run_state"])
         await resolve_snapshot(conn, env, run_id, None, "cancel", overwrite=False)
         await log_action(conn, env, run_id, "cancel", reason)
         return await answer(conn, env, run_id, result)
 
     return await in_transaction(env, write)
-
-
-async def _begin(
-    conn: asyncpg.Connection, env: RecoveryEnv, workflow: Workflow, run_id: str
-) -> str:
-    queries = env.store.queries
-    await queries.recovery_steps_cancel(conn, run_id=run_id)
-    cancel_seq = None
-    if workflow.on_cancel is not None:
-        # None when the run already reached a step of that name (an onCancel step that is
-        # also on the ordinary path): the path cannot be entered twice, so the run simply
-        # stops, as without one.
-        cancel_seq = await queries.recovery_cancel_path_insert(
-            conn,
-            run_id=run_id,
-            step_id=workflow.on_cancel,
-            step_type=step_kind(workflow.step(workflow.on_cancel)),
-        )
-    await queries.recovery_run_cancelling(conn, run_id=run_id, cancel_seq=cancel_seq)
-    if cancel_seq is not None:
-        return "cancelling"
-    ended = await queries.recovery_run_cancel_end(conn, run_id=run_id)
-    return "cancelled" if ended else "cancelling"

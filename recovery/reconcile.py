@@ -8,18 +8,20 @@ The order of things:
 2. Read the receipt of the step's command key, outside any transaction, with the
    connection's own token. A receipt too old for the product (``receipt.expired``) or no
    readable answer (``service.unavailable``) changes nothing: the run stays held.
-3. In one transaction: lock the step and refuse with ``reconcile.raced`` if it is no longer
-   the version step 1 read (another operator, a concurrent reconcile). Then lock the run and
-   write what the receipt proves:
+3. In one transaction, one call of a step transition in operator mode
+   (``core/db/transitions.sql``), which locks the run and the step and refuses with
+   ``reconcile.raced`` if the step is no longer the row version step 1 read (another
+   operator, a concurrent reconcile), then writes what the receipt proves:
    - found: keep the receipt as the step's response and map the output exactly as the
      dispatcher maps a live answer. The step completes with effect ``accepted`` and the run
      goes on at the step's ``next`` — or, when the mapping fails, the step fails (effect
-     still accepted) and the run fails ``mapping-invalid``. On an ended run, or for a step a
-     cancel abandoned, only the step is settled.
-   - not seen: the command never arrived. The step is ``not-sent`` and the run stays held
-     for an operator to retry the same command or cancel; for a step a cancel abandoned
-     there is nothing left to decide, so it ends ``cancelled`` as the cancel would have
-     ended it.
+     still accepted) and the run fails ``mapping-invalid``: ``step_operator_settle``, which
+     is ``step_settle`` itself, so on an ended run, or for a step a cancel abandoned, only
+     the step is settled, exactly as when a dispatcher settles it.
+   - not seen: the command never arrived (``step_operator_not_sent``). The step is
+     ``not-sent`` and the run stays held for an operator to retry the same command or
+     cancel; for a step a cancel abandoned, or of a run that ended, there is nothing left to
+     decide, so it ends ``cancelled`` as the cancel would have ended it.
    The step's snapshot rows of the current hold epoch are marked ``reconciled`` and the
    action is logged.
 
@@ -41,15 +43,15 @@ from core.codes import Code
 from core.errors import CoordinatorError
 from core.payloads import build_scope, seal_json
 from core.products.receipts import EXPIRED, FOUND, UNAVAILABLE, Receipt, read_receipt, receipt_url
-from core.states import Effect, RunState, StepState
+from core.states import Effect, RunState, StepState, Transition
 from core.workflow.catalogue import connection_type
 from core.workflow.mapping import map_output
 from core.workflow.model import step_kind
 from recovery.env import RECEIPT_TIMEOUT_SECONDS, RecoveryEnv
 from recovery.targets import (
     UNCERTAIN,
+    ActionRun,
     HeldCall,
-    abandoned,
     answer,
     held_call,
     in_transaction,
@@ -131,22 +133,15 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         )
 
     async def settle(conn: asyncpg.Connection) -> dict[str, Any]:
-        locked = await queries.recovery_step_lock(conn, run_id=run_id, step_id=step.step_id)
-        if not step.unchanged(locked):
-            raise CoordinatorError(
-                Code.RECONCILE_RACED, "the step changed while the receipt was read; look again"
-            )
-        run_row = await queries.recovery_run_lock(conn, run_id=run_id)
-        assert run_row is not None  # run rows are never deleted
-        leads_on = not run_row["ended"] and not abandoned(
-            bool(run_row["cancelling"]), run_row["cancel_seq"], step.seq
-        )
         if receipt.kind == FOUND:
-            result = await _accepted(
-                conn, env, run_id, call, run_row, receipt.body, leads_on=leads_on
-            )
+            result = await _accepted(conn, env, run, call, receipt.body)
         else:
-            result = await _not_sent(conn, env, run_id, step.step_id, leads_on=leads_on)
+            row = await queries.recovery_step_not_sent(
+                conn, run_id=run_id, step_id=step.step_id, row_version=step.row_version
+            )
+            assert row is not None  # one call: always one row
+            _refuse_changed(row["outcome"])
+            result = "not-sent"
         await resolve_snapshot(conn, env, run_id, step.step_id, "reconciled", overwrite=True)
         await log_action(conn, env, run_id, "reconcile", reason)
         return await answer(conn, env, run_id, result)
@@ -154,95 +149,75 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
     return await in_transaction(env, settle)
 
 
-async def _keep(
-    conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, step_id: str, purpose: str, value: Any
-) -> None:
-    sealed = seal_json(env.keyring, env.namespace, run_id, purpose, value)
-    await env.store.queries.recovery_payload_insert(
-        conn,
-        run_id=run_id,
-        step_id=step_id,
-        purpose=purpose,
-        key_version=sealed.key_version,
-        nonce=sealed.nonce,
-        ciphertext=sealed.ciphertext,
-    )
+def _refuse_changed(outcome: str) -> None:
+    if outcome == Transition.CHANGED:
+        raise CoordinatorError(
+            Code.RECONCILE_RACED, "the step changed while the receipt was read; look again"
+        )
 
 
-async def _settled_aside(conn: asyncpg.Connection, env: RecoveryEnv, run_id: str) -> None:
-    """After settling a step the run does not go on from: recompute its attention, and end
-    a cancelling run without an onCancel path once nothing of it is left to work on."""
-    await env.store.queries.recovery_run_attention(conn, run_id=run_id)
-    await env.store.queries.recovery_run_cancel_end(conn, run_id=run_id)
+def _sealed(env: RecoveryEnv, run_id: str, kept: dict[str, Any]) -> dict[str, list[Any]]:
+    """The values ``kept`` (by purpose) sealed for the run, as step_settle's parallel arrays."""
+    sealed = [seal_json(env.keyring, env.namespace, run_id, p, v) for p, v in kept.items()]
+    return {
+        "purposes": list(kept),
+        "key_versions": [s.key_version for s in sealed],
+        "nonces": [s.nonce for s in sealed],
+        "ciphertexts": [s.ciphertext for s in sealed],
+    }
 
 
 async def _accepted(
     conn: asyncpg.Connection,
     env: RecoveryEnv,
-    run_id: str,
+    run: ActionRun,
     call: HeldCall,
-    run_row: asyncpg.Record,
     receipt: dict[str, Any] | None,
-    *,
-    leads_on: bool,
 ) -> str:
+    """The receipt proves the command was accepted: the step completes as a live answer
+    would have completed it (step_settle in operator mode decides whether the run goes on
+    from it), or fails with the run when the answer does not map."""
     queries = env.store.queries
-    step_id = call.step.step_id
-    await _keep(conn, env, run_id, step_id, "response", receipt)
+    step = call.step
     scope = build_scope(
         env.keyring,
         env.namespace,
-        run_id,
-        run_row["created_at"],
-        await queries.recovery_scope_payloads(conn, run_id=run_id),
+        run.id,
+        run.created_at,
+        await queries.recovery_scope_payloads(conn, run_id=run.id),
     )
     mapped = map_output(call.operation, call.definition.output, scope, receipt)
-    if not mapped.ok:
-        await queries.recovery_step_end(
-            conn, run_id=run_id, step_id=step_id, state=StepState.FAILED, effect=Effect.ACCEPTED
-        )
-        if leads_on:
-            await queries.recovery_run_end(
-                conn,
-                run_id=run_id,
-                state=RunState.FAILED,
-                failure_kind="mapping-invalid",
-                failure_path=mapped.failure_path,
-                failure_step=step_id,
-            )
-        else:
-            await _settled_aside(conn, env, run_id)
-        return "mapping-invalid"
-    await _keep(conn, env, run_id, step_id, "output", mapped.value)
-    await queries.recovery_step_end(
-        conn, run_id=run_id, step_id=step_id, state=StepState.COMPLETED, effect=Effect.ACCEPTED
-    )
-    if leads_on:
+    if mapped.ok:
         following = call.definition.next
-        await queries.recovery_step_insert_next(
+        row = await queries.recovery_step_settle(
             conn,
-            run_id=run_id,
-            step_id=following,
-            step_type=step_kind(call.workflow.step(following)),
+            run_id=run.id,
+            step_id=step.step_id,
+            row_version=step.row_version,
+            state=StepState.COMPLETED,
+            effect=Effect.ACCEPTED,
+            **_sealed(env, run.id, {"response": receipt, "output": mapped.value}),
+            next_step=following,
+            next_type=step_kind(call.workflow.step(following)),
+            run_state=None,
+            failure_kind=None,
+            failure_path=None,
         )
-        await queries.recovery_run_continue(conn, run_id=run_id)
     else:
-        await _settled_aside(conn, env, run_id)
-    return "accepted"
-
-
-async def _not_sent(
-    conn: asyncpg.Connection, env: RecoveryEnv, run_id: str, step_id: str, *, leads_on: bool
-) -> str:
-    queries = env.store.queries
-    if leads_on:
-        # Still held, with attention: an operator retries the same command or cancels.
-        await queries.recovery_step_not_sent(conn, run_id=run_id, step_id=step_id)
-        await queries.recovery_run_attention(conn, run_id=run_id)
-    else:
-        # A cancel would have ended a not-sent step; no one is to resend it now.
-        await queries.recovery_step_end(
-            conn, run_id=run_id, step_id=step_id, state=StepState.CANCELLED, effect=None
+        row = await queries.recovery_step_settle(
+            conn,
+            run_id=run.id,
+            step_id=step.step_id,
+            row_version=step.row_version,
+            state=StepState.FAILED,
+            effect=Effect.ACCEPTED,
+            **_sealed(env, run.id, {"response": receipt}),
+            next_step=None,
+            next_type=None,
+            run_state=RunState.FAILED,
+            failure_kind="mapping-invalid",
+            failure_path=mapped.failure_path,
         )
-        await _settled_aside(conn, env, run_id)
-    return "not-sent"
+    assert row is not None  # one call: always one row
+    _refuse_changed(row["outcome"])
+    return "accepted" if mapped.ok else "mapping-invalid"

@@ -14,10 +14,12 @@ order of things:
    (``retry.refused``); the execution hold is set (``execution.held``); the run has ended;
    it has no uncertain or not-sent call; a cancel abandoned that call; the product's
    idempotency window since the first attempt is over; the step's deadline has passed.
-2. In one transaction — the hold row share-locked so that a restore-hold waits for it and
-   then snapshots the ready step, then the step and the run locked — check nothing moved
-   meanwhile, make the step ready and due now, the run running (held while another call is
-   uncertain), mark the step's snapshot rows ``retry`` and log the action.
+2. In one transaction: one call of ``step_retry_same`` (``core/db/transitions.sql``) — the
+   hold row share-locked so that a restore-hold waits for it and then snapshots the ready
+   step, then the run and the step locked — checks nothing moved meanwhile (the step is
+   still the row version step 1 read), makes the step ready and due now and the run running
+   (held while another call is uncertain); then the step's snapshot rows are marked
+   ``retry`` and the action is logged.
 3. After the commit, wait a bounded time for the dispatcher's verdict and answer it:
    ``accepted``, ``refused``, ``uncertain`` (held again), ``retrying`` (a retryable answer;
    due again later), ``failed`` (deadline or mapping-invalid), ``cancelled`` (a cancel came
@@ -29,19 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import asyncpg
 
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.states import StepState
+from core.states import StepState, Transition
 from core.workflow.catalogue import DAY, connection_type
 from recovery.env import RecoveryEnv
 from recovery.targets import (
     RESENDABLE,
     HeldCall,
-    abandoned,
     answer,
     held_call,
     in_transaction,
@@ -71,6 +73,33 @@ def _refused(detail: str) -> CoordinatorError:
     return CoordinatorError(Code.RETRY_REFUSED, detail)
 
 
+def _held() -> CoordinatorError:
+    return CoordinatorError(
+        Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
+    )
+
+
+def _ended() -> CoordinatorError:
+    return _refused("the run has ended")
+
+
+def _abandoned() -> CoordinatorError:
+    return _refused("the run is being cancelled; its held call is no longer wanted")
+
+
+def _changed() -> CoordinatorError:
+    return _refused("the step changed meanwhile; look again")
+
+
+# What step_retry_same's outcomes other than written mean to the operator.
+_REFUSALS: Final[dict[Transition, Callable[[], CoordinatorError]]] = {
+    Transition.HELD: _held,
+    Transition.RUN_ENDED: _ended,
+    Transition.ABANDONED: _abandoned,
+    Transition.CHANGED: _changed,
+}
+
+
 def _window(seconds: int) -> str:
     if seconds % DAY == 0 and seconds >= 2 * DAY:
         return f"{seconds // DAY} days"
@@ -98,16 +127,14 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
                 "this instance runs --recovery-only and sends nothing; use the ordinary service"
             )
         if run.execution_hold:
-            raise CoordinatorError(
-                Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
-            )
+            raise _held()
         if run.ended:
-            raise _refused("the run has ended")
+            raise _ended()
         step = await read_held_step(conn, env, run_id, RESENDABLE)
         if step is None:
             raise _refused("no held call to resend")
-        if abandoned(run.cancelling, run.cancel_seq, step.seq):
-            raise _refused("the run is being cancelled; its held call is no longer wanted")
+        if step.abandoned:
+            raise _abandoned()
         call = await held_call(conn, env, run, step)
     # Without a recorded first attempt (a step a restore-hold found leased but not prepared)
     # the step's start is the earliest the command can have gone out: counting from there
@@ -118,25 +145,16 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
         raise _refused("the step's deadline passed")
 
     async def make_ready(conn: asyncpg.Connection) -> int:
-        if await queries.recovery_hold_share(conn):
-            raise CoordinatorError(
-                Code.EXECUTION_HELD, "the restore hold stops execution; nothing can be resent"
-            )
-        locked = await queries.recovery_step_lock(conn, run_id=run_id, step_id=step.step_id)
-        if not step.unchanged(locked):
-            raise _refused("the step changed meanwhile; look again")
-        run_row = await queries.recovery_run_lock(conn, run_id=run_id)
-        assert run_row is not None  # run rows are never deleted
-        if run_row["ended"]:
-            raise _refused("the run has ended")
-        if abandoned(bool(run_row["cancelling"]), run_row["cancel_seq"], step.seq):
-            raise _refused("the run is being cancelled; its held call is no longer wanted")
-        attempts = await queries.recovery_step_retry_same(conn, run_id=run_id, step_id=step.step_id)
-        assert attempts is not None  # the step is locked: its row is there
-        await queries.recovery_run_continue(conn, run_id=run_id)
+        row = await queries.recovery_step_retry_same(
+            conn, run_id=run_id, step_id=step.step_id, row_version=step.row_version
+        )
+        assert row is not None  # one call: always one row
+        outcome = Transition(row["outcome"])
+        if outcome is not Transition.WRITTEN:
+            raise _REFUSALS[outcome]()
         await resolve_snapshot(conn, env, run_id, step.step_id, "retry", overwrite=True)
         await log_action(conn, env, run_id, "retry-same", reason)
-        return int(attempts)
+        return int(row["attempts"])
 
     attempts = await in_transaction(env, make_ready)
     result = await _verdict(env, run_id, step.step_id, attempts)

@@ -49,8 +49,6 @@ class ActionRun:
     id: str
     package_digest: str
     state: str
-    cancelling: bool
-    cancel_seq: int | None
     created_at: datetime
     ended: bool
     erased: bool
@@ -64,20 +62,12 @@ class ActionRun:
             id=str(row["id"]),
             package_digest=str(row["package_digest"]),
             state=str(row["state"]),
-            cancelling=bool(row["cancelling"]),
-            cancel_seq=None if row["cancel_seq"] is None else int(row["cancel_seq"]),
             created_at=row["created_at"],
             ended=bool(row["ended"]),
             erased=bool(row["erased"]),
             now=row["now"],
             execution_hold=bool(row["execution_hold"]),
         )
-
-
-def abandoned(cancelling: bool, cancel_seq: int | None, seq: int) -> bool:
-    """Whether a cancel abandoned step number ``seq``: its own outcome is still recorded,
-    but the run never goes on from it (the dispatcher applies the same rule)."""
-    return cancelling and (cancel_seq is None or seq < cancel_seq)
 
 
 @dataclass(frozen=True)
@@ -95,6 +85,10 @@ class HeldStep:
     deadline_at: datetime | None
     updated_at: datetime
     row_version: str
+    """The row's version (xmin): the action's write names it and is refused when the step
+    changed since it was read."""
+    abandoned: bool
+    """Whether a cancel abandoned the step when it was read (``step_abandoned``)."""
 
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> HeldStep:
@@ -112,16 +106,7 @@ class HeldStep:
             deadline_at=row["deadline_at"],
             updated_at=row["updated_at"],
             row_version=str(row["row_version"]),
-        )
-
-    def unchanged(self, locked: asyncpg.Record | None) -> bool:
-        """Whether the locked row is still the version this step was read as. The row
-        version catches a write that a frozen (test) clock gave the same ``updated_at``."""
-        return (
-            locked is not None
-            and str(locked["state"]) == self.state
-            and locked["updated_at"] == self.updated_at
-            and str(locked["row_version"]) == self.row_version
+            abandoned=bool(row["abandoned"]),
         )
 
     def key(self, env: RecoveryEnv, run_id: str) -> str:

@@ -304,13 +304,14 @@ class Statements(Queries):
         ordinary lost lease. past_deadline tells a call step retried after its deadline; now
         is the namespace's clock at the claim, for the decisions an executor makes about time.
         Each row also carries everything executing the step reads, from the same snapshot, so
-        a claimed step costs no read of its own: its run's package, creation instant and
-        cancel state; the sealed values its expressions can read (input, call outputs, wait
-        results) as parallel arrays in id order; every binding of the run as a JSON array of
-        binding rows; and the step's stored command payload, with the run it belongs to. These
-        do not change under a leased step (a cancel is decided again under the step's lock).
-        ``owner``: the dispatcher taking the leases. ``limit``: at most this many steps.
-        ``lease_seconds``: how long each lease lasts.
+        a claimed step costs no read of its own: its run's package and creation instant,
+        whether a cancel abandoned the step (step_abandoned in transitions.sql); the sealed
+        values its expressions can read (input, call outputs, wait results) as parallel arrays
+        in id order; every binding of the run as a JSON array of binding rows; and the step's
+        stored command payload, with the run it belongs to. These do not change under a leased
+        step (a cancel is decided again under the step's lock). ``owner``: the dispatcher
+        taking the leases. ``limit``: at most this many steps. ``lease_seconds``: how long
+        each lease lasts.
         """
         result: list[Record] = await conn.fetch(
             self["dispatcher_claim"],
@@ -326,16 +327,14 @@ class Statements(Queries):
         *,
         limit: int,
     ) -> Record | None:
-        """Find up to limit leases that expired. A step whose command was prepared (and so may
-        have been sent by the holder that vanished) becomes uncertain with an unknown effect
-        and cause lease-expired, and holds its run for an operator; any other step simply
-        loses the lease and is due again. A run cancelled without an onCancel path that is
-        left with nothing live by this ends cancelled instead of held (keeping the attention),
-        as a settle would have ended it. Answers how many leases were released and how many
-        steps became uncertain. The expired leases are found through step_leased and then
-        updated by their row addresses (a TID scan), never joined back to step: with LIMIT $1
-        unknown to a generic plan, a join could be planned as a scan of every step, each
-        second, per dispatcher. ``limit``: at most this many leases.
+        """Find up to limit leases that expired and end each (step_lease_end in transitions.sql):
+        a step whose command was prepared (and so may have been sent by the holder that
+        vanished) becomes uncertain with cause lease-expired and holds its run for an
+        operator, or ends a cancelled run as a settle would have; any other step simply loses
+        the lease and is due when it was. The expired leases are found through the index
+        step_leased and locked (the subquery's FOR UPDATE) before the function meets them.
+        Answers how many leases were released and how many steps became uncertain. ``limit``:
+        at most this many leases.
         """
         result: Record | None = await conn.fetchrow(
             self["dispatcher_expire_leases"],
@@ -439,9 +438,9 @@ class Statements(Queries):
         """The owner gives up its lease on a step without knowing the outcome, due again no
         sooner than delay seconds from now. A prepared step may have been sent, so it becomes
         uncertain (cause lease-expired: its dispatcher stopped before it knew) and holds its
-        run instead — or, when the run is cancelled without an onCancel path and nothing else
-        of it is live, ends the run cancelled (keeping the attention), as a settle would have.
-        Answers the step's state afterwards; no row when the lease is no longer this owner's.
+        run instead, or ends a cancelled run as a settle would have (step_lease_end in
+        transitions.sql). Answers the step's state afterwards; no row when the lease is no
+        longer this owner's.
         """
         result: str | None = await conn.fetchval(
             self["dispatcher_step_release"],
@@ -800,26 +799,6 @@ class Statements(Queries):
         )
         return result
 
-    async def recovery_cancel_path_insert(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        step_type: str,
-    ) -> int | None:
-        """Make the workflow's onCancel step of a run due now, numbered after every step the run
-        has. No row when the run already reached a step of that name. Answers its seq: the
-        run's cancel_seq.
-        """
-        result: int | None = await conn.fetchval(
-            self["recovery_cancel_path_insert"],
-            run_id,
-            step_id,
-            step_type,
-        )
-        return result
-
     async def recovery_doctor(
         self,
         conn: Connection,
@@ -877,9 +856,11 @@ class Statements(Queries):
         run_id: str,
         states: Sequence[str],
     ) -> Record | None:
-        """The newest step of a run in one of the states given: the call an operator acts on.
-        xmin is the row's version, so a later write to the step is noticed even when the
-        (test) clock gave it the same updated_at.
+        """The newest step of a run in one of the states given: the call an operator acts on,
+        with whether a cancel abandoned it (step_abandoned in transitions.sql, decided again
+        under the locks by the operator-mode functions). row_version is the row's xmin, which
+        every write to the step changes: the action's write names it, and is refused when the
+        step changed since.
         """
         result: Record | None = await conn.fetchrow(
             self["recovery_held_step"],
@@ -913,19 +894,6 @@ class Statements(Queries):
         result: int | None = await conn.fetchval(
             self["recovery_hold_raise"],
             reason,
-        )
-        return result
-
-    async def recovery_hold_share(
-        self,
-        conn: Connection,
-    ) -> bool | None:
-        """The execution hold, share-locked: a restore-hold (which updates the row) waits until a
-        retry-same that found the hold off has committed, and its snapshot then sees that
-        step. Null when the namespace has no hold row.
-        """
-        result: bool | None = await conn.fetchval(
-            self["recovery_hold_share"],
         )
         return result
 
@@ -1005,29 +973,6 @@ class Statements(Queries):
         )
         return result
 
-    async def recovery_payload_insert(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        purpose: str,
-        key_version: int,
-        nonce: bytes,
-        ciphertext: bytes,
-    ) -> int:
-        """Store a sealed payload. Answers its id."""
-        result: int = await conn.fetchval(
-            self["recovery_payload_insert"],
-            run_id,
-            step_id,
-            purpose,
-            key_version,
-            nonce,
-            ciphertext,
-        )
-        return result
-
     async def recovery_record_read(
         self,
         conn: Connection,
@@ -1096,93 +1041,23 @@ class Statements(Queries):
         )
         return result
 
-    async def recovery_run_attention(
+    async def recovery_run_cancel(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> str:
-        """Recompute a run's attention from its steps, leaving its state as it is (an ended or
-        cancelling run whose held call an operator settled).
+        on_cancel: str | None,
+        on_cancel_type: str | None,
+    ) -> Record | None:
+        """Cancel a run: one call of run_cancel in transitions.sql, which says what it wrote;
+        always one row (outcome run-ended: the run had ended, nothing written). ``on_cancel``:
+        the workflow's onCancel step. ``on_cancel_type``: its type.
         """
-        result: str = await conn.execute(
-            self["recovery_run_attention"],
+        result: Record | None = await conn.fetchrow(
+            self["recovery_run_cancel"],
             run_id,
-        )
-        return result
-
-    async def recovery_run_cancel_end(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-    ) -> str | None:
-        """End a run cancelled when it is cancelling without an onCancel path and no step of it
-        is still to be worked on or held by a dispatcher (outcome null). An uncertain step
-        keeps the run's attention. Answers the state when the run ended, no row otherwise.
-        """
-        result: str | None = await conn.fetchval(
-            self["recovery_run_cancel_end"],
-            run_id,
-        )
-        return result
-
-    async def recovery_run_cancelling(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        cancel_seq: int | None,
-    ) -> str:
-        """A run locked by recovery_run_lock is being cancelled. With an onCancel step the run is
-        running along that path; without one it keeps its state until it ends. Attention is
-        recomputed (cancelled not-sent steps no longer need an operator). ``cancel_seq``: the
-        seq of its onCancel step.
-        """
-        result: str = await conn.execute(
-            self["recovery_run_cancelling"],
-            run_id,
-            cancel_seq,
-        )
-        return result
-
-    async def recovery_run_continue(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-    ) -> str:
-        """A run goes on: running, unless another of its steps is still uncertain (then it stays
-        held); attention as the header says. An ended run is left alone.
-        """
-        result: str = await conn.execute(
-            self["recovery_run_continue"],
-            run_id,
-        )
-        return result
-
-    async def recovery_run_end(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        state: str,
-        failure_kind: str | None,
-        failure_path: str | None,
-        failure_step: str | None,
-    ) -> str | None:
-        """End a run with a failure, as step_settle does: a run that is being cancelled ends
-        cancelled instead. Attention is recomputed from the steps. Answers the state it ended
-        in; no row when it had already ended. ``state``: failed. ``failure_path``: a JSON
-        pointer.
-        """
-        result: str | None = await conn.fetchval(
-            self["recovery_run_end"],
-            run_id,
-            state,
-            failure_kind,
-            failure_path,
-            failure_step,
+            on_cancel,
+            on_cancel_type,
         )
         return result
 
@@ -1215,21 +1090,6 @@ class Statements(Queries):
             after_created_at,
             after_run_id,
             limit,
-        )
-        return result
-
-    async def recovery_run_lock(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-    ) -> Record | None:
-        """Lock a run for an action's write (after its step, when the action has one). Answers
-        the namespace's clock too.
-        """
-        result: Record | None = await conn.fetchrow(
-            self["recovery_run_lock"],
-            run_id,
         )
         return result
 
@@ -1352,77 +1212,23 @@ class Statements(Queries):
         )
         return result
 
-    async def recovery_step_end(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        state: str,
-        effect: str | None,
-    ) -> str:
-        """End a step locked by recovery_step_lock. The cause stays only while the effect stays
-        unknown. ``state``: completed, failed or cancelled. ``effect``: set as given.
-        """
-        result: str = await conn.execute(
-            self["recovery_step_end"],
-            run_id,
-            step_id,
-            state,
-            effect,
-        )
-        return result
-
-    async def recovery_step_insert_next(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-        step_type: str,
-    ) -> int | None:
-        """Make a step the next step of a run, numbered after every step the run has, due now —
-        unless the run has ended meanwhile (then no row). Answers its seq.
-        """
-        result: int | None = await conn.fetchval(
-            self["recovery_step_insert_next"],
-            run_id,
-            step_id,
-            step_type,
-        )
-        return result
-
-    async def recovery_step_lock(
-        self,
-        conn: Connection,
-        *,
-        run_id: str,
-        step_id: str,
-    ) -> Record | None:
-        """Lock a step for an action's write, answering the state and version the action compares
-        with what it read first.
-        """
-        result: Record | None = await conn.fetchrow(
-            self["recovery_step_lock"],
-            run_id,
-            step_id,
-        )
-        return result
-
     async def recovery_step_not_sent(
         self,
         conn: Connection,
         *,
         run_id: str,
         step_id: str,
-    ) -> str:
-        """A step locked by recovery_step_lock: the product proved it never received the command.
-        Nothing is due; an operator retries the same command or cancels.
+        row_version: str,
+    ) -> Record | None:
+        """The product proved it never received an operator's step's command: one call of
+        step_operator_not_sent in transitions.sql, which says what each outcome wrote; always
+        one row. ``row_version``: the step's version as recovery_held_step read it.
         """
-        result: str = await conn.execute(
+        result: Record | None = await conn.fetchrow(
             self["recovery_step_not_sent"],
             run_id,
             step_id,
+            row_version,
         )
         return result
 
@@ -1447,34 +1253,62 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
-    ) -> int | None:
-        """A step locked by recovery_step_lock is to be sent again: ready and due now, its stored
-        command and command key kept, so the dispatcher sends exactly that command under the
-        same key. The effect, and its cause, stay what they were. Answers its attempts (no row
-        when there is no such step).
+        row_version: str,
+    ) -> Record | None:
+        """Make an operator's step ready to be sent again with its stored command and key: one
+        call of step_retry_same in transitions.sql, which says what each outcome wrote; always
+        one row, attempts set when written. ``row_version``: the step's version as
+        recovery_held_step read it.
         """
-        result: int | None = await conn.fetchval(
+        result: Record | None = await conn.fetchrow(
             self["recovery_step_retry_same"],
             run_id,
             step_id,
+            row_version,
         )
         return result
 
-    async def recovery_steps_cancel(
+    async def recovery_step_settle(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> list[Record]:
-        """Cancel the steps of a run that wait to be worked on and that no dispatcher holds:
-        ready, waiting (the wait is abandoned) and not-sent. Leased steps are settled by their
-        dispatcher; uncertain steps stay uncertain. A step that sent nothing loses its cause
-        with its end (the cause of a ready step whose effect is still unknown stays). Answers
-        the cancelled step ids.
+        step_id: str,
+        row_version: str,
+        state: str,
+        effect: str | None,
+        purposes: Sequence[str],
+        key_versions: Sequence[int],
+        nonces: Sequence[bytes],
+        ciphertexts: Sequence[bytes],
+        next_step: str | None,
+        next_type: str | None,
+        run_state: str | None,
+        failure_kind: str | None,
+        failure_path: str | None,
+    ) -> Record | None:
+        """Settle an operator's step in operator mode: one call of step_operator_settle in
+        transitions.sql, which says what each outcome wrote (changed: the step is no longer
+        the version read, nothing written); always one row. ``row_version``: the step's
+        version as recovery_held_step read it. ``state``: completed or failed. ``run_state``:
+        failed, with next_step null. ``failure_path``: a JSON pointer.
         """
-        result: list[Record] = await conn.fetch(
-            self["recovery_steps_cancel"],
+        result: Record | None = await conn.fetchrow(
+            self["recovery_step_settle"],
             run_id,
+            step_id,
+            row_version,
+            state,
+            effect,
+            purposes,
+            key_versions,
+            nonces,
+            ciphertexts,
+            next_step,
+            next_type,
+            run_state,
+            failure_kind,
+            failure_path,
         )
         return result
 

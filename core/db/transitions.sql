@@ -36,6 +36,27 @@
 --                   nothing).
 -- erased            retention erased the ended run's values: the step's end is recorded,
 --                   none of its payloads.
+-- changed           (operator mode) the step is no longer the version the operator's action
+--                   read, or a dispatcher holds it: nothing written; the operator looks again.
+--
+-- Operator mode. Recovery's run actions (reconcile, retry-same, cancel) act on steps no
+-- dispatcher holds: an uncertain or not-sent call. Instead of a lease they name the row
+-- version (xmin) of the step they read before deciding, and step_checked confirms it
+-- under the same locks step_leased takes. Settling then goes through step_settle itself,
+-- so a run goes on or ends exactly as it does when a dispatcher settles its step.
+
+-- Whether a cancel abandoned step number p_seq of a run: the run is cancelling (p_cancelling)
+-- and the step comes before the onCancel path, which starts at step number p_cancel_seq (null:
+-- there is no such path, and every step is abandoned). The one place this rule is written:
+-- step_leased answers it under the step's lock, and the claim and an operator's look at a
+-- run read it from here as a hint that the locked decision confirms. (A plain expression
+-- over its arguments: SQL that reads no table, so it needs no pinned search_path.)
+CREATE OR REPLACE FUNCTION {{ns}}.step_abandoned(
+    p_cancelling boolean, p_cancel_seq integer, p_seq integer) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT p_cancelling AND (p_cancel_seq IS NULL OR p_seq < p_cancel_seq)
+    $$;
 
 -- Lock the run row, then the step's (the order a cancel takes them in), and say whether the
 -- step is the caller's to move: verdict 'ours' or one of the outcomes lease-lost,
@@ -81,7 +102,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_leased(
                 RETURN;
             END IF;
             verdict := 'ours';
-            abandoned := r.cancelling AND (r.cancel_seq IS NULL OR s.seq < r.cancel_seq);
+            abandoned := {{ns}}.step_abandoned(r.cancelling, r.cancel_seq, s.seq);
             run_ended := r.ended_at IS NOT NULL;
             erased := r.erased_at IS NOT NULL;
             execution_hold := h.execution_hold;
@@ -95,7 +116,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_leased(
 
 -- A run being cancelled without an onCancel path ends cancelled once no step of it is live
 -- (ready, prepared, waiting, or leased) besides step p_step, which the caller has just
--- settled. Answers whether it ended the run. An uncertain step is not live: it waits for
+-- settled (null: no step is left out). Answers whether it ended the run. An uncertain step is not live: it waits for
 -- an operator, and the run keeps its attention.
 CREATE OR REPLACE FUNCTION {{ns}}.run_close_cancelled(p_run text, p_step text)
     RETURNS boolean
@@ -111,7 +132,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_close_cancelled(p_run text, p_step text)
                AND r.ended_at IS NULL
                AND NOT EXISTS (
                        SELECT 1 FROM {{ns}}.step s
-                        WHERE s.run_id = p_run AND s.step_id <> p_step
+                        WHERE s.run_id = p_run AND s.step_id IS DISTINCT FROM p_step
                           AND (s.state IN ('ready', 'prepared', 'waiting')
                                OR s.lease_owner IS NOT NULL));
             RETURN FOUND;
@@ -140,13 +161,55 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_attention_recompute(p_run text) RETURNS vo
         END
     $$;
 
+-- The command of step p_step of run p_run may have been processed and nobody can know (the
+-- answer went missing: p_cause, with the product's p_cause_status for status-5xx, or its
+-- dispatcher lost the lease first: lease-expired). The caller has the step row locked and
+-- has decided it is the one to say so (step_make_uncertain checked the lease;
+-- step_lease_end is called for a lease that ended). The step becomes uncertain with an
+-- unknown effect, unleased and never due, for an operator to settle; nothing is ever
+-- resent. The run is held with attention, unless it has ended (run_state null: it stays as
+-- it ended). When a cancel abandoned the step (abandoned) the step still waits for an
+-- operator, and a run with no onCancel path and nothing else live ends cancelled, keeping
+-- the attention (run_close_cancelled). The one place this move is written.
+CREATE OR REPLACE FUNCTION {{ns}}.step_uncertain_write(
+    p_run text, p_step text, p_cause text, p_cause_status integer,
+    OUT abandoned boolean, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            r record;
+            v_seq integer;
+        BEGIN
+            SELECT x.cancelling, x.cancel_seq, x.ended_at INTO r
+              FROM {{ns}}.run x WHERE x.id = p_run
+               FOR NO KEY UPDATE;
+            UPDATE {{ns}}.step
+               SET state = 'uncertain', effect = 'unknown', due_at = NULL,
+                   cause = p_cause, cause_status = p_cause_status,
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE run_id = p_run AND step_id = p_step
+            RETURNING seq INTO v_seq;
+            abandoned := {{ns}}.step_abandoned(r.cancelling, r.cancel_seq, v_seq);
+            IF r.ended_at IS NOT NULL THEN
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.run
+               SET state = 'held', attention = true, updated_at = {{ns}}.now()
+             WHERE id = p_run;
+            run_state := 'held';
+            IF abandoned AND {{ns}}.run_close_cancelled(p_run, p_step) THEN
+                run_state := 'cancelled';
+            END IF;
+        END
+    $$;
+
 -- The command of step p_step of run p_run, leased to p_owner, may have been processed and
 -- nobody can know (the answer went missing: p_cause, with the product's p_cause_status for
--- status-5xx): the step becomes uncertain with an unknown effect, unleased and never due, for
--- an operator to settle; nothing is ever resent. The run is held with attention, unless it
--- ended meanwhile (outcome run-ended: it stays as it ended). When a cancel abandoned the step
--- (outcome abandoned) the step still waits for an operator, and a run with no onCancel path
--- and nothing else live ends cancelled, keeping the attention (run_close_cancelled).
+-- status-5xx): the step becomes uncertain and its run is held, as step_uncertain_write
+-- says. Outcome run-ended when the run had ended (it stays as it ended), abandoned when a
+-- cancel abandoned the step.
 CREATE OR REPLACE FUNCTION {{ns}}.step_make_uncertain(
     p_run text, p_step text, p_owner text, p_cause text, p_cause_status integer,
     OUT outcome text, OUT run_state text)
@@ -155,34 +218,75 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_make_uncertain(
     AS $$
         DECLARE
             l record;
+            w record;
         BEGIN
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
             IF l.verdict <> 'ours' THEN
                 outcome := l.verdict;
                 RETURN;
             END IF;
-            UPDATE {{ns}}.step
-               SET state = 'uncertain', effect = 'unknown', due_at = NULL,
-                   cause = p_cause, cause_status = p_cause_status,
-                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-                   updated_at = {{ns}}.now()
-             WHERE run_id = p_run AND step_id = p_step;
+            SELECT * INTO w FROM {{ns}}.step_uncertain_write(p_run, p_step, p_cause,
+                                                           p_cause_status);
+            run_state := w.run_state;
             IF l.run_ended THEN
                 outcome := 'run-ended';
-                RETURN;
-            END IF;
-            UPDATE {{ns}}.run
-               SET state = 'held', attention = true, updated_at = {{ns}}.now()
-             WHERE id = p_run;
-            run_state := 'held';
-            IF l.abandoned THEN
+            ELSIF w.abandoned THEN
                 outcome := 'abandoned';
-                IF {{ns}}.run_close_cancelled(p_run, p_step) THEN
-                    run_state := 'cancelled';
-                END IF;
+            ELSE
+                outcome := 'written';
+            END IF;
+        END
+    $$;
+
+-- The lease on step p_step of run p_run ended without its holder settling the step: it
+-- expired (the holder vanished), or the holder gave it up without knowing what became of
+-- the step. The caller has the step row locked. A prepared step may have been sent, so it
+-- becomes uncertain with cause lease-expired and its run is held (step_uncertain_write);
+-- any other step just loses the lease, due again no sooner than p_delay seconds from now
+-- (null: when it was due). Answers the step's state afterwards and the run's when this
+-- changed it. No check of the restore-hold epoch: a lease from before a hold ends like any
+-- other.
+CREATE OR REPLACE FUNCTION {{ns}}.step_lease_end(
+    p_run text, p_step text, p_delay float8, OUT state text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        BEGIN
+            SELECT x.state INTO state
+              FROM {{ns}}.step x WHERE x.run_id = p_run AND x.step_id = p_step;
+            IF state = 'prepared' THEN
+                SELECT w.run_state INTO run_state
+                  FROM {{ns}}.step_uncertain_write(p_run, p_step, 'lease-expired', NULL) w;
+                state := 'uncertain';
                 RETURN;
             END IF;
-            outcome := 'written';
+            UPDATE {{ns}}.step x
+               SET due_at = CASE
+                                WHEN p_delay IS NULL OR x.due_at IS NULL THEN x.due_at
+                                ELSE greatest(x.due_at,
+                                              {{ns}}.now() + make_interval(secs => p_delay))
+                            END,
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step;
+        END
+    $$;
+
+-- Step p_step of run p_run, leased to p_owner, goes no further: a cancel abandoned it, or
+-- (for a prepare) its run ended. Whatever it was about to do is not done: it ends cancelled
+-- as step_settle ends it, and its run with it when a cancel left nothing else live. The
+-- transitions that would have kept the step going (a prepare, a retry, a wait, a read) end
+-- here instead.
+CREATE OR REPLACE FUNCTION {{ns}}.step_end_cancelled(
+    p_run text, p_step text, p_owner text, OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        BEGIN
+            SELECT x.outcome, x.run_state INTO outcome, run_state
+              FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
+                                      '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
+                                      NULL, NULL, NULL, NULL) x;
         END
     $$;
 
@@ -212,10 +316,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
                 RETURN;
             END IF;
             IF l.abandoned THEN
-                SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                          NULL, NULL, NULL, NULL) x;
+                SELECT * INTO outcome, run_state
+                  FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner);
                 RETURN;
             END IF;
             SELECT x.deadline_at INTO deadline
@@ -263,10 +365,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_wait(
                 RETURN;
             END IF;
             IF l.abandoned THEN
-                SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                          NULL, NULL, NULL, NULL) x;
+                SELECT * INTO outcome, run_state
+                  FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner);
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x
@@ -308,10 +408,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_plan_check(
                 RETURN;
             END IF;
             IF l.abandoned THEN
-                SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                          NULL, NULL, NULL, NULL) x;
+                SELECT * INTO outcome, run_state
+                  FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner);
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x
@@ -367,10 +465,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
                 RETURN;
             END IF;
             IF l.abandoned THEN
-                SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                          NULL, NULL, NULL, NULL) x;
+                SELECT * INTO outcome, run_state
+                  FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner);
                 RETURN;
             END IF;
             ended := p_ends OR (p_may_time_out AND EXISTS (
@@ -417,9 +513,10 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
 -- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
 -- cause is cleared, since what is now known replaces it), its payloads are stored
 -- (parallel arrays p_purposes, p_key_versions, p_nonces, p_ciphertexts; may be empty),
--- and the run moves on. A step that ends while it waits with a cause of sending nothing
--- (its deadline passed, or a cancel ended it) takes the attention it asked for with it:
--- the run's attention is recomputed without it. Then:
+-- and the run moves on. A step that asked for attention (step_wants_attention: it waited
+-- with a cause of sending nothing and its deadline passed or a cancel ended it, or an
+-- operator settles it in operator mode) takes that attention with it: the run's attention
+-- is recomputed without it. Then:
 --
 -- * the local steps the dispatcher already decided from the run's values (parallel arrays
 --   p_passed_ids, p_passed_types; may be empty) are recorded as reached and completed, in
@@ -479,7 +576,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
                    updated_at = {{ns}}.now()
              WHERE run_id = p_run AND step_id = p_step;
-            IF {{ns}}.sent_nothing(l.cause) THEN
+            IF {{ns}}.step_wants_attention(l.state, l.cause) THEN
                 PERFORM {{ns}}.run_attention_recompute(p_run);
             END IF;
             IF v_keep AND coalesce(cardinality(p_purposes), 0) > 0 THEN
@@ -541,6 +638,237 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
         END
     $$;
 
+-- Operator mode's step_leased: lock the run row, then step p_step's, and say whether the
+-- step is still version p_version (its xmin as text, read by the operator's action before
+-- it decided) and held by no dispatcher: verdict 'ours', or 'changed'. With 'ours' it also
+-- answers how the run stands.
+CREATE OR REPLACE FUNCTION {{ns}}.step_checked(
+    p_run text, p_step text, p_version text,
+    OUT verdict text, OUT abandoned boolean, OUT run_ended boolean, OUT state text,
+    OUT cause text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            r record;
+            s record;
+        BEGIN
+            verdict := 'changed';
+            SELECT x.cancelling, x.cancel_seq, x.ended_at INTO r
+              FROM {{ns}}.run x WHERE x.id = p_run
+               FOR NO KEY UPDATE;
+            IF NOT FOUND THEN
+                RETURN;
+            END IF;
+            SELECT x.seq, x.state, x.cause, x.lease_owner, x.xmin::text AS version INTO s
+              FROM {{ns}}.step x WHERE x.run_id = p_run AND x.step_id = p_step
+               FOR UPDATE;
+            IF NOT FOUND OR s.version IS DISTINCT FROM p_version
+               OR s.lease_owner IS NOT NULL THEN
+                RETURN;
+            END IF;
+            verdict := 'ours';
+            abandoned := {{ns}}.step_abandoned(r.cancelling, r.cancel_seq, s.seq);
+            run_ended := r.ended_at IS NOT NULL;
+            state := s.state;
+            cause := s.cause;
+        END
+    $$;
+
+-- An operator settles step p_step of run p_run, read as version p_version: step_settle in
+-- operator mode. The step's effect becomes exactly p_effect (null: none is known) and its
+-- cause is cleared, the operator holds the step's lease for the rest of this call (so the
+-- same checks apply), and step_settle ends the
+-- step in p_state with the payloads given and moves the run on to p_next (of type
+-- p_next_type), or ends it in p_run_state with failure p_failure_kind at p_failure_path;
+-- its outcome says which (abandoned or run-ended: the step alone). A run that goes on
+-- while another of its steps is still uncertain stays held. Outcome changed when the
+-- step is not the version read.
+CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
+    p_run text, p_step text, p_version text, p_state text, p_effect text,
+    p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
+    p_next text, p_next_type text, p_run_state text, p_failure_kind text,
+    p_failure_path text,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            c record;
+            v_owner text := 'operator ' || txid_current();
+        BEGIN
+            SELECT * INTO c FROM {{ns}}.step_checked(p_run, p_step, p_version);
+            IF c.verdict <> 'ours' THEN
+                outcome := c.verdict;
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET effect = p_effect, cause = NULL, cause_status = NULL,
+                   lease_owner = v_owner,
+                   lease_epoch = (SELECT h.epoch FROM {{ns}}.hold h),
+                   lease_expires_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step;
+            SELECT x.outcome, x.run_state INTO outcome, run_state
+              FROM {{ns}}.step_settle(p_run, p_step, v_owner, p_state, NULL,
+                                      p_purposes, p_key_versions, p_nonces, p_ciphertexts,
+                                      '{}', '{}', p_next, p_next_type, p_run_state, NULL,
+                                      p_failure_kind, p_failure_path) x;
+            IF run_state = 'running' AND EXISTS (
+                   SELECT 1 FROM {{ns}}.step x
+                    WHERE x.run_id = p_run AND x.state = 'uncertain') THEN
+                UPDATE {{ns}}.run u
+                   SET state = 'held', updated_at = {{ns}}.now()
+                 WHERE u.id = p_run;
+                run_state := 'held';
+            END IF;
+        END
+    $$;
+
+-- The product proved it never received the command of step p_step of run p_run (read as
+-- version p_version): nothing was done. The step is not-sent, due never, for an operator
+-- to retry the same command or cancel; the run stays as it is and keeps its attention
+-- (outcome written). When the run no longer goes on from the step (a cancel abandoned it:
+-- abandoned; the run ended: run-ended) there is nothing left to decide, and it ends
+-- cancelled, with no effect, as step_operator_settle ends it. Outcome changed when the
+-- step is not the version read.
+CREATE OR REPLACE FUNCTION {{ns}}.step_operator_not_sent(
+    p_run text, p_step text, p_version text, OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            c record;
+        BEGIN
+            SELECT * INTO c FROM {{ns}}.step_checked(p_run, p_step, p_version);
+            IF c.verdict <> 'ours' THEN
+                outcome := c.verdict;
+                RETURN;
+            ELSIF c.abandoned OR c.run_ended THEN
+                SELECT * INTO outcome, run_state
+                  FROM {{ns}}.step_operator_settle(p_run, p_step, p_version, 'cancelled',
+                                                   NULL, '{}', '{}', '{}', '{}', NULL, NULL,
+                                                   NULL, NULL, NULL);
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET state = 'not-sent', effect = NULL, due_at = NULL, cause = NULL,
+                   cause_status = NULL, updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step;
+            PERFORM {{ns}}.run_attention_recompute(p_run);
+            outcome := 'written';
+        END
+    $$;
+
+-- An operator resends the command of step p_step of run p_run (read as version p_version,
+-- uncertain or not-sent): the step is ready and due now with its stored command and key,
+-- its effect and cause as they were, so a dispatcher sends exactly that command again; the
+-- run is running (held while another of its steps is uncertain) and its attention follows
+-- its steps. Answers the step's attempts so far. Nothing is written when the execution
+-- hold is set (outcome held: the hold row is share-locked first, so a restore-hold waits
+-- for this and then finds the ready step), the run has ended (run-ended), a cancel
+-- abandoned the step (abandoned), or the step is not the version read (changed).
+CREATE OR REPLACE FUNCTION {{ns}}.step_retry_same(
+    p_run text, p_step text, p_version text, OUT outcome text, OUT attempts integer)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            c record;
+        BEGIN
+            IF (SELECT h.execution_hold FROM {{ns}}.hold h FOR SHARE) THEN
+                outcome := 'held';
+                RETURN;
+            END IF;
+            SELECT * INTO c FROM {{ns}}.step_checked(p_run, p_step, p_version);
+            IF c.verdict <> 'ours' THEN
+                outcome := c.verdict;
+                RETURN;
+            ELSIF c.run_ended THEN
+                outcome := 'run-ended';
+                RETURN;
+            ELSIF c.abandoned THEN
+                outcome := 'abandoned';
+                RETURN;
+            END IF;
+            UPDATE {{ns}}.step x
+               SET state = 'ready', due_at = {{ns}}.now(),
+                   lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
+                   updated_at = {{ns}}.now()
+             WHERE x.run_id = p_run AND x.step_id = p_step
+            RETURNING x.attempts INTO attempts;
+            UPDATE {{ns}}.run u
+               SET state = CASE
+                               WHEN EXISTS (SELECT 1 FROM {{ns}}.step x
+                                             WHERE x.run_id = u.id AND x.state = 'uncertain')
+                               THEN 'held' ELSE 'running'
+                           END,
+                   updated_at = {{ns}}.now()
+             WHERE u.id = p_run;
+            PERFORM {{ns}}.run_attention_recompute(p_run);
+            outcome := 'written';
+        END
+    $$;
+
+-- An operator cancels run p_run, whose workflow's onCancel step is p_on_cancel, of type
+-- p_on_cancel_type (null: it has none). The steps that wait to be worked on and that no
+-- dispatcher holds end cancelled: ready, waiting (the wait is abandoned) and not-sent; a
+-- step that sent nothing loses that cause with its end. A leased step is settled by its
+-- dispatcher, which finds it abandoned; an uncertain step stays uncertain, and its run
+-- keeps the attention. With an onCancel step (unless the run already reached a step of
+-- that name: a path is never entered twice) that step is due now, numbered after every
+-- step the run has, the run records that number as its cancel_seq and is running along
+-- it. Without one, the run ends cancelled once nothing of it is live
+-- (run_close_cancelled). A run already cancelling is only closed when nothing of it is
+-- live any more. Answers run_state cancelled when the run ended, cancelling otherwise;
+-- outcome run-ended (nothing written) when the run had ended already.
+CREATE OR REPLACE FUNCTION {{ns}}.run_cancel(
+    p_run text, p_on_cancel text, p_on_cancel_type text,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            r record;
+            v_cancel_seq integer;
+        BEGIN
+            SELECT x.cancelling, x.ended_at INTO r
+              FROM {{ns}}.run x WHERE x.id = p_run
+               FOR NO KEY UPDATE;
+            IF NOT FOUND OR r.ended_at IS NOT NULL THEN
+                outcome := 'run-ended';
+                RETURN;
+            END IF;
+            IF NOT r.cancelling THEN
+                UPDATE {{ns}}.step x
+                   SET state = 'cancelled',
+                       cause = CASE WHEN {{ns}}.sent_nothing(x.cause) THEN NULL ELSE x.cause END,
+                       due_at = NULL, ended_at = {{ns}}.now(), updated_at = {{ns}}.now()
+                 WHERE x.run_id = p_run
+                   AND x.state IN ('ready', 'waiting', 'not-sent')
+                   AND x.lease_owner IS NULL;
+                IF p_on_cancel IS NOT NULL THEN
+                    INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
+                    SELECT p_run, p_on_cancel,
+                           (SELECT coalesce(max(x.seq), 0) + 1
+                              FROM {{ns}}.step x WHERE x.run_id = p_run),
+                           p_on_cancel_type, 'ready', {{ns}}.now()
+                    ON CONFLICT (run_id, step_id) DO NOTHING
+                    RETURNING seq INTO v_cancel_seq;
+                END IF;
+                UPDATE {{ns}}.run u
+                   SET cancelling = true, cancel_seq = v_cancel_seq,
+                       state = CASE WHEN v_cancel_seq IS NOT NULL THEN 'running'
+                                    ELSE u.state END,
+                       updated_at = {{ns}}.now()
+                 WHERE u.id = p_run;
+            END IF;
+            PERFORM {{ns}}.run_attention_recompute(p_run);
+            outcome := 'written';
+            run_state := CASE WHEN {{ns}}.run_close_cancelled(p_run, NULL) THEN 'cancelled'
+                              ELSE 'cancelling' END;
+        END
+    $$;
+
 -- Commit the command of call step p_step of run p_run, leased to p_owner, as prepared,
 -- before a byte of it is sent: the stored command p_payload of an earlier attempt, or else
 -- the sealed command given (state key version p_key_version, nonce p_nonce, ciphertext
@@ -575,10 +903,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_prepare(
                 RETURN;
             ELSIF l.abandoned OR l.run_ended THEN
                 -- a cancel committed first: the command is never sent
-                SELECT s.outcome INTO outcome
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                          NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                          NULL, NULL, NULL, NULL) s;
+                SELECT x.outcome INTO outcome
+                  FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner) x;
                 RETURN;
             ELSIF l.execution_hold THEN
                 UPDATE {{ns}}.step

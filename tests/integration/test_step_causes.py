@@ -201,6 +201,15 @@ async def test_a_restore_hold_shows_restore_snapshot_and_keeps_an_earlier_cause(
     assert (await inspected_step(recovery_store, answered))["cause"] == "connection-lost"
 
 
+async def row_version(kit: DispatchKit, run_id: str) -> str:
+    """The call step's row version, as an operator's action reads it before deciding."""
+    return str(
+        await kit.db.fetchval(
+            f"SELECT xmin::text FROM {kit.ns}.step WHERE run_id = $1 AND step_id = 'send'", run_id
+        )
+    )
+
+
 async def test_an_operator_keeps_the_cause_while_the_effect_is_unknown(
     kit: DispatchKit, recovery_store: Store
 ) -> None:
@@ -212,10 +221,12 @@ async def test_an_operator_keeps_the_cause_while_the_effect_is_unknown(
 
     # retry-same: ready again with its command and key, the effect still unknown.
     q = recovery_store.queries
-    async with recovery_store.connection() as conn, conn.transaction():
-        await q.recovery_step_lock(conn, run_id=run_id, step_id="send")
-        await q.recovery_step_retry_same(conn, run_id=run_id, step_id="send")
-        await q.recovery_run_continue(conn, run_id=run_id)
+    async with recovery_store.connection() as conn:
+        version = await row_version(kit, run_id)
+        made = await q.recovery_step_retry_same(
+            conn, run_id=run_id, step_id="send", row_version=version
+        )
+        assert made is not None and made["outcome"] == "written"
     step = await inspected_step(recovery_store, run_id)
     assert (step["state"], step["effect"], step["cause"]) == (
         "ready",
@@ -241,9 +252,12 @@ async def test_a_receipt_proving_the_command_never_arrived_clears_the_cause(
     await dispatcher.settler.uncertain(claimed, "status-5xx", 504)
 
     q = recovery_store.queries
-    async with recovery_store.connection() as conn, conn.transaction():
-        await q.recovery_step_lock(conn, run_id=run_id, step_id="send")
-        await q.recovery_step_not_sent(conn, run_id=run_id, step_id="send")
+    async with recovery_store.connection() as conn:
+        version = await row_version(kit, run_id)
+        made = await q.recovery_step_not_sent(
+            conn, run_id=run_id, step_id="send", row_version=version
+        )
+        assert made is not None and made["outcome"] == "written"
     row = await kit.step(run_id, "send")
     assert (row["state"], row["effect"], row["cause"], row["cause_status"]) == (
         "not-sent",

@@ -5,7 +5,10 @@ the one call the dispatcher makes (:meth:`dispatcher.settle.Settler.conclude` fo
 :meth:`dispatcher.settle.Settler.retry` for ``step_retry``, :meth:`dispatcher.settle.Settler.wait`
 for ``step_wait``, :meth:`dispatcher.settle.Settler.plan_check` for ``step_plan_check``,
 :meth:`dispatcher.settle.Settler.record_read` for ``step_record_read``) on the real
-PostgreSQL server, with the rows each leaves behind.
+PostgreSQL server, with the rows each leaves behind. The end of a lease (``step_lease_end``)
+is driven through :meth:`dispatcher.settle.Settler.release` and a sweep of expired leases;
+operator mode (``step_operator_settle``, ``step_operator_not_sent``, ``step_retry_same``) and
+``run_cancel`` are called as recovery's statements call them, with a step's row version.
 
 The cases a step meets besides the common one — a lease lost or taken by a restore-hold, a
 step settled already, a cancel that abandoned it, the execution hold, a run that ended or
@@ -736,3 +739,391 @@ async def test_prepare_on_an_ended_run_ends_the_step_cancelled(kit: DispatchKit)
     ]
     assert await payloads(kit, claimed.run_id) == [(None, "input")]
     assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
+
+
+# ---------------------------------------------------- step_lease_end: release and expiry
+
+
+async def prepared_call(kit: DispatchKit) -> tuple[Dispatcher, Claimed]:
+    """A dispatcher, and a new run's first step claimed by it with its command prepared."""
+    dispatcher, claimed = await claimed_call(kit)
+    assert await prepare(kit, dispatcher, claimed) is not None
+    return dispatcher, claimed
+
+
+async def expire(kit: DispatchKit, dispatcher: Dispatcher, run_id: str) -> tuple[int, int]:
+    """Let every lease of the run lapse, then sweep once: (released, uncertain)."""
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET lease_expires_at = {kit.ns}.now() - interval '1 second' "
+        "WHERE run_id = $1 AND lease_owner IS NOT NULL",
+        run_id,
+    )
+    found = await dispatcher.claimer.sweep()
+    return found.released, found.uncertain
+
+
+async def test_release_of_a_prepared_step_makes_it_uncertain_and_holds_the_run(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await prepared_call(kit)
+    assert await dispatcher.settler.release(claimed) == StepState.UNCERTAIN
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "uncertain", "unknown", False, False)
+    ]
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["cause"], step["cause_status"]) == ("lease-expired", None)
+    assert await run_row(kit, claimed.run_id) == ("held", None, None, None)
+    assert await attention(kit, claimed.run_id)
+
+
+async def test_release_of_a_step_not_prepared_makes_it_due_again_after_the_delay(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await dispatcher.settler.release(claimed, delay=30.0) == StepState.READY
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "ready", None, False, True)]
+    due_in = await kit.db.fetchval(
+        f"SELECT extract(epoch FROM due_at - {kit.ns}.now()) FROM {kit.ns}.step WHERE run_id = $1",
+        claimed.run_id,
+    )
+    assert 29.0 <= float(due_in) <= 30.0
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+    assert not await attention(kit, claimed.run_id)
+
+
+async def test_release_without_the_lease_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await prepared_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.step SET lease_owner = 'another-dispatcher'")
+    before = (await everything(kit, claimed.run_id), await attention(kit, claimed.run_id))
+    assert await dispatcher.settler.release(claimed) is None
+    assert (await everything(kit, claimed.run_id), await attention(kit, claimed.run_id)) == before
+
+
+async def test_an_expired_lease_on_a_prepared_step_ends_a_cancelled_run_keeping_attention(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await prepared_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await expire(kit, dispatcher, claimed.run_id) == (1, 1)
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "uncertain", "unknown", False, False)
+    ]
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+    assert await attention(kit, claimed.run_id)
+
+
+async def test_an_expired_lease_on_a_step_not_prepared_keeps_when_it_was_due(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    due_before = (await kit.step(claimed.run_id, "send"))["due_at"]
+    assert await expire(kit, dispatcher, claimed.run_id) == (1, 0)
+    step = await kit.step(claimed.run_id, "send")
+    assert (step["state"], step["lease_owner"], step["due_at"]) == ("ready", None, due_before)
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+
+
+async def test_an_expired_lease_from_before_a_restore_hold_still_ends(kit: DispatchKit) -> None:
+    # (Unlike a settle, the end of a lease does not ask which hold epoch it was taken in:
+    # otherwise a lease taken before a restore-hold would stay forever.)
+    dispatcher, claimed = await prepared_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET epoch = epoch + 1")
+    assert await expire(kit, dispatcher, claimed.run_id) == (1, 1)
+    assert await run_row(kit, claimed.run_id) == ("held", None, None, None)
+
+
+async def test_an_expired_lease_on_an_ended_run_records_the_step_alone(kit: DispatchKit) -> None:
+    dispatcher, claimed = await prepared_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        claimed.run_id,
+    )
+    assert await expire(kit, dispatcher, claimed.run_id) == (1, 1)
+    assert await run_row(kit, claimed.run_id) == ("failed", None, None, None)
+    assert not await attention(kit, claimed.run_id)
+
+
+# ---------------------------------------------------------------------- step_abandoned
+
+
+@pytest.mark.parametrize(
+    ("cancelling", "cancel_seq", "seq", "abandoned"),
+    [
+        (False, None, 1, False),
+        (True, None, 1, True),
+        (True, None, 7, True),
+        (True, 3, 2, True),
+        (True, 3, 3, False),
+        (True, 3, 4, False),
+    ],
+)
+async def test_which_steps_a_cancel_abandons(
+    kit: DispatchKit, cancelling: bool, cancel_seq: int | None, seq: int, abandoned: bool
+) -> None:
+    answer = await kit.db.fetchval(
+        f"SELECT {kit.ns}.step_abandoned($1, $2, $3)", cancelling, cancel_seq, seq
+    )
+    assert answer is abandoned
+
+
+async def test_a_claim_says_whether_a_cancel_abandoned_the_step(kit: DispatchKit) -> None:
+    dispatcher = await kit.dispatcher()
+    kept = await kit.start("notice-checked", {"applicantRef": "applicant-1"})
+    dropped = await kit.start("notice-checked", {"applicantRef": "applicant-2"})
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", dropped)
+    claimed = {c.run_id: c.abandoned for c in await dispatcher.claimer.claim(10)}
+    assert claimed == {kept: False, dropped: True}
+
+
+# ------------------------------------------------------------------------ operator mode
+
+
+async def uncertain_call(kit: DispatchKit, workflow: str = "notice-checked") -> tuple[str, str]:
+    """A new run whose first call is uncertain, and that step's row version."""
+    dispatcher, claimed = await claimed_call(kit, workflow)
+    assert await prepare(kit, dispatcher, claimed) is not None
+    assert await dispatcher.settler.uncertain(claimed, "timeout-after-send") is Transition.WRITTEN
+    return claimed.run_id, await version(kit, claimed.run_id)
+
+
+async def version(kit: DispatchKit, run_id: str, step_id: str = "send") -> str:
+    return str(
+        await kit.db.fetchval(
+            f"SELECT xmin::text FROM {kit.ns}.step WHERE run_id = $1 AND step_id = $2",
+            run_id,
+            step_id,
+        )
+    )
+
+
+async def operator_settle(kit: DispatchKit, run_id: str, row_version: str, **given: Any) -> Any:
+    """step_operator_settle as reconcile calls it for an accepted receipt, with ``given``
+    replacing any of its arguments."""
+    arguments: dict[str, Any] = {
+        "state": "completed",
+        "effect": "accepted",
+        "purposes": ["response"],
+        "key_versions": [1],
+        "nonces": [bytes(12)],
+        "ciphertexts": [b"x"],
+        "next": "check",
+        "next_type": "choose",
+        "run_state": None,
+        "failure_kind": None,
+        "failure_path": None,
+    } | given
+    return tuple(
+        await kit.db.fetchrow(
+            f"SELECT * FROM {kit.ns}.step_operator_settle($1, 'send', $2, "
+            "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            run_id,
+            row_version,
+            *arguments.values(),
+        )
+    )
+
+
+async def test_operator_settle_written_moves_the_run_on_as_a_dispatcher_would(
+    kit: DispatchKit,
+) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    assert await attention(kit, run_id)
+    assert await operator_settle(kit, run_id, row_version) == ("written", "running")
+    assert await steps(kit, run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False),
+        ("check", 2, "choose", "ready", None, False, True),
+    ]
+    step = await kit.step(run_id, "send")
+    assert (step["cause"], step["lease_owner"]) == (None, None)
+    assert await payloads(kit, run_id) == [
+        (None, "input"),
+        ("send", "command"),
+        ("send", "response"),
+    ]
+    assert await run_row(kit, run_id) == ("running", None, None, None)
+    assert not await attention(kit, run_id)
+
+
+async def test_operator_settle_fails_the_run_naming_the_step(kit: DispatchKit) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    outcome = await operator_settle(
+        kit,
+        run_id,
+        row_version,
+        state="failed",
+        next=None,
+        next_type=None,
+        run_state="failed",
+        failure_kind="mapping-invalid",
+        failure_path="/messageId",
+    )
+    assert outcome == ("written", "failed")
+    assert await run_row(kit, run_id) == ("failed", None, "mapping-invalid", "send")
+    assert not await attention(kit, run_id)
+
+
+async def test_operator_settle_of_a_changed_step_writes_nothing(kit: DispatchKit) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET updated_at = updated_at WHERE run_id = $1", run_id
+    )
+    before = (await everything(kit, run_id), await attention(kit, run_id))
+    assert await operator_settle(kit, run_id, row_version) == ("changed", None)
+    assert (await everything(kit, run_id), await attention(kit, run_id)) == before
+
+
+async def test_operator_settle_abandoned_records_the_step_and_ends_the_cancelled_run(
+    kit: DispatchKit,
+) -> None:
+    run_id, _ = await uncertain_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", run_id)
+    outcome = await operator_settle(kit, run_id, await version(kit, run_id))
+    assert outcome == ("abandoned", "cancelled")
+    assert await steps(kit, run_id) == [("send", 1, "call", "completed", "accepted", False, False)]
+    assert not await attention(kit, run_id)
+
+
+async def test_operator_settle_keeps_the_run_held_while_another_step_is_uncertain(
+    kit: DispatchKit,
+) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    await kit.db.execute(
+        f"INSERT INTO {kit.ns}.step (run_id, step_id, seq, step_type, state, effect, cause)"
+        " VALUES ($1, 'other', 9, 'call', 'uncertain', 'unknown', 'connection-lost')",
+        run_id,
+    )
+    assert await operator_settle(kit, run_id, row_version) == ("written", "held")
+    assert await run_row(kit, run_id) == ("held", None, None, None)
+    assert await attention(kit, run_id)
+
+
+async def test_not_sent_written_leaves_the_run_held_for_an_operator(kit: DispatchKit) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    row = await kit.db.fetchrow(
+        f"SELECT * FROM {kit.ns}.step_operator_not_sent($1, 'send', $2)", run_id, row_version
+    )
+    assert tuple(row) == ("written", None)
+    step = await kit.step(run_id, "send")
+    assert (step["state"], step["effect"], step["cause"], step["due_at"]) == (
+        "not-sent",
+        None,
+        None,
+        None,
+    )
+    assert await run_row(kit, run_id) == ("held", None, None, None)
+    assert await attention(kit, run_id)
+
+
+async def test_not_sent_of_an_abandoned_step_ends_it_cancelled_with_no_effect(
+    kit: DispatchKit,
+) -> None:
+    run_id, _ = await uncertain_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", run_id)
+    row = await kit.db.fetchrow(
+        f"SELECT * FROM {kit.ns}.step_operator_not_sent($1, 'send', $2)",
+        run_id,
+        await version(kit, run_id),
+    )
+    assert tuple(row) == ("abandoned", "cancelled")
+    assert await steps(kit, run_id) == [("send", 1, "call", "cancelled", None, False, False)]
+    assert not await attention(kit, run_id)
+
+
+async def retry_same(kit: DispatchKit, run_id: str, row_version: str) -> tuple[Any, ...]:
+    return tuple(
+        await kit.db.fetchrow(
+            f"SELECT * FROM {kit.ns}.step_retry_same($1, 'send', $2)", run_id, row_version
+        )
+    )
+
+
+async def test_retry_same_written_makes_the_step_ready_with_its_command(kit: DispatchKit) -> None:
+    run_id, row_version = await uncertain_call(kit)
+    assert await retry_same(kit, run_id, row_version) == ("written", 1)
+    step = await kit.step(run_id, "send")
+    assert (step["state"], step["effect"], step["cause"]) == (
+        "ready",
+        "unknown",
+        "timeout-after-send",
+    )
+    assert step["command_payload_id"] is not None and step["due_at"] is not None
+    assert await run_row(kit, run_id) == ("running", None, None, None)
+    assert not await attention(kit, run_id)
+
+
+@pytest.mark.parametrize(
+    ("change", "outcome"),
+    [
+        ("UPDATE {ns}.hold SET execution_hold = true", "held"),
+        ("UPDATE {ns}.run SET state = 'failed', ended_at = {ns}.now()", "run-ended"),
+        ("UPDATE {ns}.run SET cancelling = true", "abandoned"),
+        ("UPDATE {ns}.step SET attempts = attempts", "changed"),
+    ],
+)
+async def test_retry_same_refused_writes_nothing(
+    kit: DispatchKit, change: str, outcome: str
+) -> None:
+    run_id, _ = await uncertain_call(kit)
+    row_version = await version(kit, run_id)
+    await kit.db.execute(change.format(ns=kit.ns))
+    before = (await everything(kit, run_id), await attention(kit, run_id))
+    assert await retry_same(kit, run_id, row_version) == (outcome, None)
+    assert (await everything(kit, run_id), await attention(kit, run_id)) == before
+
+
+# --------------------------------------------------------------------------- run_cancel
+
+
+async def cancel(kit: DispatchKit, run_id: str, on_cancel: str | None = None) -> tuple[Any, ...]:
+    kind = None if on_cancel is None else "call"
+    return tuple(
+        await kit.db.fetchrow(
+            f"SELECT * FROM {kit.ns}.run_cancel($1, $2, $3)", run_id, on_cancel, kind
+        )
+    )
+
+
+async def test_cancel_ends_a_run_with_nothing_live(kit: DispatchKit) -> None:
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-1"})
+    assert await cancel(kit, run_id) == ("written", "cancelled")
+    assert await steps(kit, run_id) == [("send", 1, "call", "cancelled", None, False, False)]
+    assert await run_row(kit, run_id) == ("cancelled", None, None, None)
+
+
+async def test_cancel_leaves_a_leased_step_to_its_dispatcher(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    assert await cancel(kit, claimed.run_id) == ("written", "cancelling")
+    assert await steps(kit, claimed.run_id) == [("send", 1, "call", "ready", None, True, True)]
+    # The dispatcher finds it abandoned, and its settle ends the run (with no outcome:
+    # nothing after the step ran).
+    assert await dispatcher.settler.conclude(claimed, ACCEPTED) is Transition.ABANDONED
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_cancel_keeps_an_uncertain_step_and_the_attention(kit: DispatchKit) -> None:
+    run_id, _ = await uncertain_call(kit)
+    assert await cancel(kit, run_id) == ("written", "cancelled")
+    assert await steps(kit, run_id) == [("send", 1, "call", "uncertain", "unknown", False, False)]
+    assert await attention(kit, run_id)
+
+
+async def test_cancel_with_an_on_cancel_step_runs_along_it(kit: DispatchKit) -> None:
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-1"})
+    assert await cancel(kit, run_id, "apology") == ("written", "cancelling")
+    assert await steps(kit, run_id) == [
+        ("send", 1, "call", "cancelled", None, False, False),
+        ("apology", 2, "call", "ready", None, False, True),
+    ]
+    run = await kit.run(run_id)
+    assert (run["state"], run["cancelling"], run["cancel_seq"]) == ("running", True, 2)
+
+
+async def test_cancel_of_an_ended_run_writes_nothing(kit: DispatchKit) -> None:
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-1"})
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.run SET state = 'failed', ended_at = {kit.ns}.now() WHERE id = $1",
+        run_id,
+    )
+    before = await everything(kit, run_id)
+    assert await cancel(kit, run_id) == ("run-ended", None)
+    assert await everything(kit, run_id) == before

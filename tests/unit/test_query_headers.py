@@ -65,10 +65,10 @@ def test_a_list_type_is_a_sequence_accepted_and_a_list_given() -> None:
 def test_every_shipped_query_has_a_structured_header() -> None:
     specs = [query_spec(name, sql) for name, sql in load().items()]
     # Every "-- name:" line of the files is one query read (the floor the count once was,
-    # over 100, fell as transitions moved into transitions.sql's functions).
+    # over 100, fell as transitions moved into transitions.sql's functions: 87 in issue 39).
     named = sum(
         text.count("\n-- name: ") + text.startswith("-- name: ")
         for text in (path.read_text("utf-8") for path in sorted(QUERY_DIR.glob("*.sql")))
     )
-    assert len(specs) == named > 90
+    assert len(specs) == named > 80
     assert {spec.returns for spec in specs} == {"rows", "row", "status", "value"}

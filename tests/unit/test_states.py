@@ -54,6 +54,7 @@ def test_each_transition_is_an_outcome_the_functions_answer() -> None:
         Transition.LEASE_LOST,
         Transition.RESTORE_HELD,
         Transition.ALREADY_SETTLED,
+        Transition.CHANGED,
     }
 
 

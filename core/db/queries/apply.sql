@@ -48,19 +48,29 @@ BEGIN
     GRANT USAGE ON SCHEMA {{ns}} TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     -- Every component may read the clock; every one that writes steps may evaluate the
     -- rules about them (the step table's CHECK calls sent_nothing, so an insert needs it
-    -- too); the step transitions (transitions.sql) are the dispatcher's, and run with its
-    -- own table grants; the rest are for triggers only.
+    -- too); the step transitions (transitions.sql) are the dispatcher's, and those of
+    -- operator mode (with what they call) recovery's, each run with the caller's own table
+    -- grants; the rest are for triggers only.
     GRANT EXECUTE ON FUNCTION {{ns}}.now(), {{ns}}.state_key_versions_in_use()
        TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
-    GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.step_wants_attention
+    GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.step_wants_attention,
+                              {{ns}}.step_abandoned
        TO {{admission}}, {{dispatcher}}, {{recovery}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,
                               {{ns}}.step_settle, {{ns}}.step_prepare,
-                              {{ns}}.step_make_uncertain, {{ns}}.step_retry,
+                              {{ns}}.step_make_uncertain, {{ns}}.step_uncertain_write,
+                              {{ns}}.step_lease_end, {{ns}}.step_end_cancelled,
+                              {{ns}}.step_retry,
                               {{ns}}.step_wait, {{ns}}.step_plan_check,
                               {{ns}}.step_record_read
        TO {{dispatcher}};
+    GRANT EXECUTE ON FUNCTION {{ns}}.step_checked, {{ns}}.step_operator_settle,
+                              {{ns}}.step_operator_not_sent, {{ns}}.step_retry_same,
+                              {{ns}}.run_cancel,
+                              {{ns}}.step_leased, {{ns}}.step_settle,
+                              {{ns}}.run_close_cancelled, {{ns}}.run_attention_recompute
+       TO {{recovery}};
 
     -- Read by every component at startup to verify the activation (§6.4).
     GRANT SELECT ON {{ns}}.schema_version, {{ns}}.deployment, {{ns}}.package,

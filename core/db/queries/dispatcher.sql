@@ -30,8 +30,8 @@
 -- the namespace's clock at the claim, for the decisions an executor makes about time.
 --
 -- Each row also carries everything executing the step reads, from the same snapshot, so a
--- claimed step costs no read of its own: its run's package, creation instant and cancel
--- state; the sealed values its expressions can read (input, call outputs, wait results) as
+-- claimed step costs no read of its own: its run's package and creation instant, whether a
+-- cancel abandoned the step (step_abandoned in transitions.sql); the sealed values its expressions can read (input, call outputs, wait results) as
 -- parallel arrays in id order; every binding of the run as a JSON array of binding rows;
 -- and the step's stored command payload, with the run it belongs to. These do not change
 -- under a leased step (a cancel is decided again under the step's lock).
@@ -71,7 +71,8 @@ WITH h AS (
 SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
        cl.command_payload_id, cl.command_key, cl.lease_epoch, cl.past_deadline,
        {{ns}}.now() AS now,
-       r.package_digest, r.cancelling, r.cancel_seq, r.created_at,
+       r.package_digest, r.created_at,
+       {{ns}}.step_abandoned(r.cancelling, r.cancel_seq, cl.seq) AS abandoned,
        r.ended_at IS NOT NULL AS ended,
        p.step_ids AS scope_step_ids, p.purposes AS scope_purposes,
        p.key_versions AS scope_key_versions, p.nonces AS scope_nonces,
@@ -101,63 +102,23 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
  ORDER BY cl.due_at;
 
 -- name: dispatcher_expire_leases
--- Find up to limit leases that expired. A step whose command was prepared (and so
--- may have been sent by the holder that vanished) becomes uncertain with an unknown effect
--- and cause lease-expired, and holds its run for an operator; any other step simply loses
--- the lease and is due again. A run cancelled without an onCancel path that is left with
--- nothing live by this ends cancelled instead of held (keeping the attention), as a settle
--- would have ended it.
+-- Find up to limit leases that expired and end each (step_lease_end in transitions.sql): a
+-- step whose command was prepared (and so may have been sent by the holder that vanished)
+-- becomes uncertain with cause lease-expired and holds its run for an operator, or ends a
+-- cancelled run as a settle would have; any other step simply loses the lease and is due
+-- when it was. The expired leases are found through the index step_leased and locked (the
+-- subquery's FOR UPDATE) before the function meets them.
 -- Answers how many leases were released and how many steps became uncertain.
--- The expired leases are found through step_leased and then updated by their row
--- addresses (a TID scan), never joined back to step: with LIMIT $1 unknown to a generic
--- plan, a join could be planned as a scan of every step, each second, per dispatcher.
 -- $1 limit (integer): at most this many leases
 -- returns: row
-WITH released AS (
-    UPDATE {{ns}}.step s
-       SET state = CASE WHEN s.state = 'prepared' THEN 'uncertain' ELSE s.state END,
-           effect = CASE WHEN s.state = 'prepared' THEN 'unknown' ELSE s.effect END,
-           cause = CASE WHEN s.state = 'prepared' THEN 'lease-expired' ELSE s.cause END,
-           cause_status = CASE WHEN s.state = 'prepared' THEN NULL ELSE s.cause_status END,
-           due_at = CASE WHEN s.state = 'prepared' THEN NULL ELSE s.due_at END,
-           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-           updated_at = {{ns}}.now()
-     WHERE s.ctid = ANY (ARRAY(
-               SELECT x.ctid
-                 FROM {{ns}}.step x
-                WHERE x.lease_owner IS NOT NULL AND x.lease_expires_at < {{ns}}.now()
-                ORDER BY x.lease_expires_at
-                LIMIT $1
-                  FOR UPDATE SKIP LOCKED))
-       AND s.lease_owner IS NOT NULL
-    -- (a leased step is never uncertain before this: only prepared ones become so here)
-    RETURNING s.run_id, s.step_id, s.state = 'uncertain' AS abandoned
-), closed AS (
-    -- Read in the statement's snapshot, where the steps released here still hold their
-    -- leases: those becoming uncertain are not counted as live, the others (due again) are.
-    SELECT r.id
-      FROM {{ns}}.run r
-     WHERE r.id IN (SELECT run_id FROM released WHERE abandoned)
-       AND r.cancelling AND r.cancel_seq IS NULL
-       AND NOT EXISTS (
-               SELECT 1 FROM {{ns}}.step s
-                WHERE s.run_id = r.id
-                  AND (s.state IN ('ready', 'prepared', 'waiting') OR s.lease_owner IS NOT NULL)
-                  AND NOT EXISTS (SELECT 1 FROM released x
-                                   WHERE x.run_id = s.run_id AND x.step_id = s.step_id
-                                     AND x.abandoned)
-           )
-), held AS (
-    UPDATE {{ns}}.run r
-       SET state = CASE WHEN r.id IN (SELECT id FROM closed) THEN 'cancelled' ELSE 'held' END,
-           ended_at = CASE WHEN r.id IN (SELECT id FROM closed) THEN {{ns}}.now() END,
-           attention = true, updated_at = {{ns}}.now()
-      FROM released
-     WHERE r.id = released.run_id AND released.abandoned AND r.ended_at IS NULL
-    RETURNING r.id
-)
-SELECT (SELECT count(*) FROM released) AS released,
-       (SELECT count(*) FROM released WHERE abandoned) AS uncertain;
+SELECT count(*) AS released, count(*) FILTER (WHERE x.state = 'uncertain') AS uncertain
+  FROM (SELECT s.run_id, s.step_id
+          FROM {{ns}}.step s
+         WHERE s.lease_owner IS NOT NULL AND s.lease_expires_at < {{ns}}.now()
+         ORDER BY s.lease_expires_at
+         LIMIT $1
+           FOR UPDATE SKIP LOCKED) e
+ CROSS JOIN LATERAL {{ns}}.step_lease_end(e.run_id, e.step_id, NULL) x;
 
 -- name: dispatcher_next_wake
 -- When the dispatcher next has something to do: seconds until the earliest due, unclaimed
@@ -288,50 +249,20 @@ DELETE FROM {{ns}}.token_refusal WHERE connection = $1;
 -- The owner gives up its lease on a step without knowing the outcome, due again no sooner
 -- than delay seconds from now. A prepared step may have been sent, so it becomes
 -- uncertain (cause lease-expired: its dispatcher stopped before it knew) and holds its run
--- instead — or, when the run is cancelled without an onCancel path and nothing else of it
--- is live, ends the run cancelled (keeping the attention), as a settle would have.
--- Answers the step's state afterwards; no row when the lease is no longer this owner's.
+-- instead, or ends a cancelled run as a settle would have (step_lease_end in
+-- transitions.sql). Answers the step's state afterwards; no row when the lease is no
+-- longer this owner's.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
 -- $4 delay (float8)
 -- returns: value (text, null)
-WITH released AS (
-    UPDATE {{ns}}.step
-       SET state = CASE WHEN state = 'prepared' THEN 'uncertain' ELSE state END,
-           effect = CASE WHEN state = 'prepared' THEN 'unknown' ELSE effect END,
-           cause = CASE WHEN state = 'prepared' THEN 'lease-expired' ELSE cause END,
-           cause_status = CASE WHEN state = 'prepared' THEN NULL ELSE cause_status END,
-           due_at = CASE
-                        WHEN state = 'prepared' THEN NULL
-                        WHEN due_at IS NULL THEN NULL
-                        ELSE greatest(due_at, {{ns}}.now() + make_interval(secs => $4::float8))
-                    END,
-           lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
-           updated_at = {{ns}}.now()
-     WHERE run_id = $1 AND step_id = $2 AND lease_owner = $3
-    RETURNING run_id, state
-), closing AS (
-    -- In the statement's snapshot the released step is still leased: it is left out.
-    SELECT r.cancelling AND r.cancel_seq IS NULL
-           AND NOT EXISTS (
-                   SELECT 1 FROM {{ns}}.step s
-                    WHERE s.run_id = $1 AND s.step_id <> $2
-                      AND (s.state IN ('ready', 'prepared', 'waiting')
-                           OR s.lease_owner IS NOT NULL)
-               ) AS ends
-      FROM {{ns}}.run r
-     WHERE r.id = $1
-), held AS (
-    UPDATE {{ns}}.run r
-       SET state = CASE WHEN closing.ends THEN 'cancelled' ELSE 'held' END,
-           ended_at = CASE WHEN closing.ends THEN {{ns}}.now() END,
-           attention = true, updated_at = {{ns}}.now()
-      FROM released, closing
-     WHERE r.id = released.run_id AND released.state = 'uncertain' AND r.ended_at IS NULL
-    RETURNING r.id
-)
-SELECT state FROM released;
+SELECT x.state
+  FROM (SELECT s.run_id, s.step_id
+          FROM {{ns}}.step s
+         WHERE s.run_id = $1 AND s.step_id = $2 AND s.lease_owner = $3
+           FOR UPDATE) e
+ CROSS JOIN LATERAL {{ns}}.step_lease_end(e.run_id, e.step_id, $4::float8) x;
 
 -- name: dispatcher_step_uncertain
 -- The command of a call step leased to owner may have been processed: the step waits for
