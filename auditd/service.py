@@ -22,8 +22,9 @@ from pathlib import Path
 
 import grpc
 
-from auditd.journal import AuditEntry, Journal, TornTail, Write
+from auditd.journal import AuditEntry, Journal, Write
 from core import logs
+from core.audit.format import TornTail
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.metrics import exposition, gauge, merge, new_registry, render

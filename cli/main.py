@@ -281,7 +281,7 @@ def audit_seal_tail(
     ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputOpt = None
 ) -> None:
     """With auditd stopped, move a torn last line of the journal aside and record the seal."""
-    from auditd.seal import seal_torn_tail
+    from core.audit.seal import seal_torn_tail
     from core.config.load import load_runtime_file
 
     g = _globals(ctx, runtime_config, output=output)
@@ -316,7 +316,7 @@ def audit_verify(
     output: OutputOpt = None,
 ) -> None:
     """Offline: check the journal's hash chain, sequence and record shapes."""
-    from auditd.verify import verify_file
+    from core.audit.verify import verify_file
 
     g = _globals(ctx, runtime_config, output=output)
     if audit_file is None:

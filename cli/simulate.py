@@ -1,16 +1,16 @@
 """``coordinatorctl workflow simulate``: a workflow run offline against scripted answers.
 
-The simulator is not a second interpreter. Each step is decided by the code the dispatcher
-runs: a call's command is mapped and its request built by
-:func:`dispatcher.steps.call.build_request` under the key :func:`core.derive.command_key`
-derives; the scripted answer is classified by :mod:`dispatcher.classify` and settled by
-:func:`dispatcher.steps.call.answered` (retries by :func:`dispatcher.classify.retry_delay`
-and :func:`dispatcher.tx.misses_deadline`); a ``choose`` and the local steps after a settled
-step go through :mod:`dispatcher.onward`; a ``wait-for`` reads its identity with
-:func:`dispatcher.steps.wait_for.identity_of`, its scripted decision through
-:func:`dispatcher.steps.wait_for.interpret`, and ends by
-:func:`~dispatcher.steps.wait_for.decided` or :func:`~dispatcher.steps.wait_for.timed_out`;
-a ``wait-until`` finds its instant with :func:`dispatcher.steps.wait_until.instant_of`.
+The simulator is not a second interpreter. Each step is decided by the code every room that
+runs steps shares, :mod:`core.execution`: a call's command is mapped and its request built by
+:func:`core.execution.call.build_request` under the key :func:`core.derive.command_key`
+derives; the scripted answer is classified by :mod:`core.execution.classify` and settled by
+:func:`core.execution.call.answered` (retries by :func:`core.execution.classify.retry_delay`
+and :func:`core.execution.settlement.misses_deadline`); a ``choose`` and the local steps
+after a settled step go through :mod:`core.execution.onward`; a ``wait-for`` reads its
+identity with :func:`core.execution.wait_for.identity_of`, its scripted decision through
+:func:`core.execution.wait_for.interpret`, and ends by
+:func:`~core.execution.wait_for.decided` or :func:`~core.execution.wait_for.timed_out`; a
+``wait-until`` finds its instant with :func:`core.execution.wait_until.due_at`.
 
 What stands in for the database here is small and written out below: the simulated clock,
 the run's kept values, the one resend after a 401, a cancel that abandons the step the run
@@ -34,6 +34,21 @@ from core.bindings import Binding
 from core.canonical import canonical_json
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.execution import wait_for
+from core.execution.call import Built, answered
+from core.execution.classify import (
+    REFUSED,
+    RETRYABLE,
+    UNCERTAIN,
+    Classified,
+    classify_answer,
+    classify_failure,
+    retry_delay,
+)
+from core.execution.onward import Onward
+from core.execution.settlement import Failure, Settlement, misses_deadline
+from core.execution.steps import Decision, Reached, Send, Sleep, Watch, reached
+from core.execution.wait_until import came
 from core.products.http import (
     ANSWER_TOO_LARGE,
     CONNECTION_LOST,
@@ -44,34 +59,16 @@ from core.products.http import (
     ExchangeFailure,
 )
 from core.states import RunState, StepState
-from core.workflow import catalogue
 from core.workflow.expr import Scope
 from core.workflow.model import (
     CallStep,
-    ChooseStep,
-    FinishStep,
+    Step,
     WaitForStep,
-    WaitUntilStep,
     Workflow,
     step_kind,
 )
 from core.workflow.schema import is_rfc3339, validate_input
 from core.yamlsafe import load as load_yaml
-from dispatcher.classify import (
-    REFUSED,
-    RETRYABLE,
-    UNCERTAIN,
-    Classified,
-    classify_answer,
-    classify_failure,
-    retry_delay,
-)
-from dispatcher.onward import onward, pick
-from dispatcher.settings import DispatchSettings
-from dispatcher.steps import wait_for
-from dispatcher.steps.call import Built, answered, build_request
-from dispatcher.steps.wait_until import instant_of
-from dispatcher.tx import Failure, Settlement, misses_deadline
 
 SIMULATION_KEY: Final = hashlib.sha256(b"registry-coordinator workflow simulate v1").digest()
 """The admission key of every simulation: public, fixed, never a deployment's."""
@@ -362,7 +359,9 @@ class _Run:
         self.reached: set[str] = set()
         self.used: dict[str, int] = {}
         self.cancelling = False
-        self.settings = DispatchSettings()
+        self.bindings = {
+            name: simulated_binding(name, kind) for name, kind in workflow.connections.items()
+        }
 
     def event(self, step_id: str, state: str, **kwargs: Any) -> Event:
         kind = step_kind(self.workflow.step(step_id))
@@ -373,22 +372,22 @@ class _Run:
 
     # -------------------------------------------------------------------- the steps
 
-    def call(self, step: CallStep, ev: Event) -> Settlement | dict[str, Any]:
-        connection_type = self.workflow.connections[step.connection]
-        binding = simulated_binding(step.connection, connection_type)
+    def reach(self, step: Step) -> Decision:
+        """What the step comes to as the run reaches it (:func:`core.execution.steps.reached`),
+        with the simulated connections' bindings and the command key a call would carry."""
         key = derive.command_key(self.key, self.run_id, step.id)
-        built = build_request(self.workflow, step, self.scope, binding, key)
-        if isinstance(built, Failure):
-            ev.note = "the command cannot be made: nothing is sent"
-            return Settlement.failing(built)
-        ev.request = _request_document(built)
+        at = Reached(self.workflow, self.scope, self.now, self.bindings, key=key)
+        return reached(step, at)
+
+    def send(self, send: Send, ev: Event) -> Settlement | dict[str, Any]:
+        """Answer a call's command from the script, as often as the dispatcher would send it."""
+        step, op = send.step, send.operation
+        ev.request = _request_document(send.built)
         answers = self.script.calls.get(step.id)
         if answers is None:
             raise _refuse(
                 f"answers.{step.id}", "the run reaches this call and the script does not answer it"
             )
-        op = catalogue.operation(connection_type, step.operation)
-        assert op is not None  # the checker refuses an unknown operation
         deadline_at = self.now + timedelta(seconds=step.deadline_seconds)
         resent = False
         prepared = 0
@@ -413,25 +412,15 @@ class _Run:
                 ev.note = "effect unknown: never resent automatically; an operator settles it"
                 return {"state": StepState.UNCERTAIN, "cause": result.cause or UNREADABLE_ANSWER}
             assert result.result == RETRYABLE
-            delay = retry_delay(
-                prepared,
-                first=self.settings.retry_first_seconds,
-                cap=self.settings.retry_cap_seconds,
-                jitter=lambda: 0.0,
-            )
+            delay = retry_delay(prepared, jitter=lambda: 0.0)
             if misses_deadline(deadline_at, self.now, delay):
                 return Settlement.failing(Failure("deadline-exceeded"))
             self.now += timedelta(seconds=delay)
         raise _refuse(f"answers.{step.id}", f"more than {_MAX_ATTEMPTS} attempts")
 
-    def wait_for(self, step: WaitForStep, ev: Event) -> Settlement:
-        kind = self.workflow.connections[step.connection]
-        result = catalogue.result(kind, step.result)
-        assert result is not None and len(result.identifying) == 1  # as the checker says
-        field_name = result.identifying[0].name
-        identity = wait_for.identity_of(step, field_name, self.scope)
-        if isinstance(identity, Failure):
-            return Settlement.failing(identity)
+    def watch(self, watch: Watch, ev: Event) -> Settlement:
+        """Answer a wait-for's read from the script: a decision, or its timeout."""
+        step = watch.step
         answer = self.script.waits.get(step.id)
         if answer is None:
             raise _refuse(
@@ -439,33 +428,25 @@ class _Run:
                 "the run reaches this wait-for and the script does not answer it",
             )
         self.used[step.id] = 1
+        shown_identity = f"{step.result} {watch.field}={watch.identity}"
         if answer.decision is None:
             assert step.timeout_seconds is not None
             self.now += timedelta(seconds=step.timeout_seconds)
-            ev.note = f"{step.result} {field_name}={identity}: no decision; timed out"
+            ev.note = f"{shown_identity}: no decision; timed out"
             return wait_for.timed_out(self.workflow, step)
         decision = {"decidedAt": clock.timestamp(self.now), **answer.decision}
         read = wait_for.interpret(200, canonical_json({"status": "decided", "decision": decision}))
         if read.kind != wait_for.DECIDED or read.result is None:
             raise _refuse(f"answers.{step.id}.decision", f"not a decision ({read.reason})")
         shown = ", ".join(f"{k}={v}" for k, v in read.result.items())
-        ev.note = f"{step.result} {field_name}={identity}: {shown}"
+        ev.note = f"{shown_identity}: {shown}"
         return wait_for.decided(self.workflow, step, read.result)
 
-    def wait_until(self, step: WaitUntilStep, ev: Event) -> Settlement:
-        if step.after_seconds is not None:
-            due = self.now + timedelta(seconds=step.after_seconds)
-        else:
-            at = instant_of(step, self.scope)
-            if at is None:
-                return Settlement.failing(Failure("mapping-invalid", "/at"))
-            due = at
-        if due > self.now:
-            ev.note = f"waits until {clock.timestamp(due)}"
-            self.now = due
-        else:
-            ev.note = f"{clock.timestamp(due)} has passed: continues at once"
-        return Settlement.onward(onward(self.workflow, self.scope, step.next))
+    def sleep(self, sleep: Sleep, ev: Event) -> Settlement:
+        """Move the simulated clock to a timer's instant; the run goes on."""
+        ev.note = f"waits until {clock.timestamp(sleep.until)}"
+        self.now = sleep.until
+        return came(self.workflow, self.scope, sleep.step)
 
     # -------------------------------------------------------------------- the walk
 
@@ -492,26 +473,22 @@ class _Run:
                 current = self.workflow.on_cancel
                 continue
             ev = self.event(current, StepState.COMPLETED)
+            try:
+                decision = self.reach(step)
+            except Exception as exc:  # the dispatcher gives such a step back, again and again
+                ev.state = "ready"
+                ev.note = f"the step cannot be decided ({type(exc).__name__})"
+                return {"state": str(RunState.RUNNING), "stuck": current}
             settled: Settlement | dict[str, Any]
-            if isinstance(step, CallStep):
-                settled = self.call(step, ev)
-            elif isinstance(step, WaitForStep):
-                settled = self.wait_for(step, ev)
-            elif isinstance(step, WaitUntilStep):
-                settled = self.wait_until(step, ev)
-            elif isinstance(step, ChooseStep):
-                try:
-                    chosen = pick(step, self.scope)
-                    ev.note = f"continues at {chosen}"
-                    settled = Settlement.onward(onward(self.workflow, self.scope, chosen))
-                except Exception as exc:  # the dispatcher gives such a step back, again and again
-                    ev.state = "ready"
-                    ev.note = f"the choice cannot be evaluated ({type(exc).__name__})"
-                    return {"state": str(RunState.RUNNING), "stuck": current}
+            if isinstance(decision, Send):
+                settled = self.send(decision, ev)
+            elif isinstance(decision, Watch):
+                settled = self.watch(decision, ev)
+            elif isinstance(decision, Sleep):
+                settled = self.sleep(decision, ev)
             else:
-                assert isinstance(step, FinishStep)
-                ev.note = f"outcome {step.outcome}"
-                return self.finished(step.outcome)
+                settled = decision
+                ev.note = _decided_note(decision)
             if isinstance(settled, dict):
                 ev.state = settled["state"]
                 return {"state": str(RunState.HELD), "held": {"step": current, **settled}}
@@ -523,19 +500,34 @@ class _Run:
                     failure["failurePath"] = settled.failure.path
                 return {"state": str(RunState.FAILED), "failure": failure}
             way = settled.way
-            assert way is not None
+            if way is None:  # a finish: the run ends with its outcome
+                return self.finished(settled.outcome)
             for i, (passed, _) in enumerate(way.passed):
                 local = self.event(passed, StepState.COMPLETED)
-                local_step = self.workflow.step(passed)
-                if isinstance(local_step, FinishStep):
-                    local.note = f"outcome {local_step.outcome}"
-                else:
-                    after = way.passed[i + 1][0] if i + 1 < len(way.passed) else way.next_step
-                    local.note = f"continues at {after}"
+                local.note = _continues(way, i)
             if way.next_step is None:
                 return self.finished(way.outcome)
             current = way.next_step
         raise _refuse("", "the run takes more steps than any checked workflow can")
+
+
+def _continues(way: Onward, index: int) -> str:
+    """The note of local step ``index`` of ``way``: a finish's outcome, or where a choose
+    continues."""
+    if index + 1 == len(way.passed) and way.next_step is None:
+        return f"outcome {way.outcome}"
+    after = way.passed[index + 1][0] if index + 1 < len(way.passed) else way.next_step
+    return f"continues at {after}"
+
+
+def _decided_note(settlement: Settlement) -> str | None:
+    """The note of a step that ended as it was reached: where a choose continues, a finish's
+    outcome, a timer already past."""
+    way = settlement.way
+    if way is None:
+        return None if settlement.outcome is None else f"outcome {settlement.outcome}"
+    first = way.passed[0][0] if way.passed else way.next_step
+    return f"continues at {first}" if first is not None else f"outcome {way.outcome}"
 
 
 def _request_document(built: Built) -> dict[str, Any]:

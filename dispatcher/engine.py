@@ -5,7 +5,7 @@ steps as there are free slots (at most ``concurrency`` in flight), start one tas
 then sleep until notified (``LISTEN``), until a task finishes, or until the next due instant
 the database reported — whichever comes first.
 
-A step of a run being cancelled that the cancel abandoned (see :mod:`dispatcher.tx`)
+A step of a run being cancelled that the cancel abandoned (see :mod:`core.execution.settlement`)
 and that comes to be claimed anyway — recovery ends the unleased ones itself, so only a
 claim racing the cancel gets here — is ended ``cancelled`` before its executor runs:
 nothing is sent, read or decided for it.
@@ -31,12 +31,13 @@ import asyncpg
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config
 from core.errors import CoordinatorError
+from core.execution.settlement import CANCEL
+from core.execution.steps import Reached
 from core.products.calls import ConnectionCalls
 from core.products.http import Exchanger, ProductHttp, refuse_retired_settings
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.states import StepState
-from core.workflow.model import CallStep, ChooseStep, FinishStep, WaitForStep, WaitUntilStep
 from core.workflow.stored import WorkflowCache
 from dispatcher.claim import Claimed, Claimer, Listener
 from dispatcher.crash_points import CrashPoints, NoCrash
@@ -44,9 +45,8 @@ from dispatcher.metrics import DispatchMetrics
 from dispatcher.run_view import load_claimed
 from dispatcher.settings import DispatchSettings
 from dispatcher.settle import Settler
-from dispatcher.steps import call, choose, finish, wait_for, wait_until
 from dispatcher.steps.base import WORKING, Flight, StepEnv
-from dispatcher.tx import CANCEL
+from dispatcher.steps.executors import EXECUTORS
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -117,7 +117,7 @@ class Dispatcher:
     @property
     def executed(self) -> int:
         """Steps this dispatcher finished working on (whatever the outcome), counting the
-        local steps a settling statement recorded (see :mod:`dispatcher.onward`)."""
+        local steps a settling statement recorded (see :mod:`core.execution.onward`)."""
         return self._executed + self.settler.steps_done_inline
 
     @classmethod
@@ -296,18 +296,10 @@ class Dispatcher:
             await self.settler.conclude(claimed, CANCEL)
             return
         step = run.workflow.step(claimed.step_id)
-        env = self.env
-        if isinstance(step, CallStep):
-            inputs = call.inputs_from(loaded, env, claimed, step)
-            await call.execute(env, claimed, run, step, flight, inputs)
-        elif isinstance(step, ChooseStep):
-            await choose.execute(env, claimed, run, step, flight)
-        elif isinstance(step, WaitUntilStep):
-            await wait_until.execute(env, claimed, run, step, flight)
-        elif isinstance(step, WaitForStep):
-            await wait_for.execute(env, claimed, run, step, flight)
-        elif isinstance(step, FinishStep):
-            await finish.execute(env, claimed, run, step, flight)
+        now = claimed.now
+        assert now is not None  # a claimed row carries the database's clock
+        at = Reached(run.workflow, run.scope, now, run.bindings)
+        await EXECUTORS[claimed.step_type](self.env, claimed, loaded, step, flight, at)
 
     async def _give_back(self, claimed: Claimed, flight: Flight, delay: float) -> None:
         """Give up the lease without an outcome; what was sent becomes uncertain."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 from core.config.model import CONNECTION_TYPES
+from core.execution.classify import RESULTS
 from core.metrics import exposition, new_registry
-from dispatcher.classify import RESULTS
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ADMISSION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.execution.classify import RETRY_CAP_SECONDS, RETRY_FIRST_SECONDS
+
 
 @dataclass(frozen=True)
 class DispatchSettings:
@@ -19,9 +21,9 @@ class DispatchSettings:
     """The same while the test clock is on: moving a clock file sends no notification."""
     shutdown_budget_seconds: float = 7.0
     """How long a stop waits for answers to commands already sent."""
-    retry_first_seconds: float = 1.0
+    retry_first_seconds: float = RETRY_FIRST_SECONDS
     """First delay after a definite retryable answer."""
-    retry_cap_seconds: float = 300.0
+    retry_cap_seconds: float = RETRY_CAP_SECONDS
     """Longest delay between automatic retries."""
     error_retry_seconds: float = 5.0
     """Delay before a step whose execution failed unexpectedly is tried again."""

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -30,11 +31,11 @@ from asyncpg import Record
 from core.codes import Code
 from core.crypto import Keyring
 from core.errors import CoordinatorError
+from core.execution.settlement import UNCERTAIN_CAUSES, Settlement
 from core.payloads import seal_json, statement
 from core.runtime import Store
 from core.states import SentNothing, StepState, Transition
 from dispatcher.claim import Claimed
-from dispatcher.tx import UNCERTAIN_CAUSES, Prepared, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
 
@@ -44,6 +45,27 @@ T = TypeVar("T")
 # sum stays well inside a lease, so the lease is still ours when the database returns.
 STORE_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 _TRANSIENT = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A command committed as prepared, about to be sent."""
+
+    attempts: int
+    first_of_run: bool
+    since_admission: float
+    deadline_in: float | None = None
+    """Seconds left until the step's deadline: no exchange may run past it."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Prepared:
+        """The prepared command of a ``dispatcher_step_prepare`` answer."""
+        return cls(
+            attempts=int(row["attempts"]),
+            first_of_run=bool(row["first_of_run"]),
+            since_admission=float(row["since_admission"] or 0.0),
+            deadline_in=None if row["deadline_in"] is None else float(row["deadline_in"]),
+        )
 
 
 class Settler:
@@ -142,12 +164,12 @@ class Settler:
         )
 
         async def write(conn: asyncpg.Connection) -> Record | None:
-            return await arguments.write(
+            return await self.store.queries.dispatcher_step_settle(
                 conn,
-                self.store.queries,
                 run_id=claimed.run_id,
                 step_id=claimed.step_id,
                 owner=self.owner,
+                **vars(arguments),
             )
 
         outcome, _ = await self._transition(claimed, write)

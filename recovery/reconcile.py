@@ -41,12 +41,12 @@ import asyncpg
 from core.bindings import Binding
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.payloads import build_scope, seal_json
+from core.execution.call import answered, direct
+from core.execution.classify import ACCEPTED, Classified
+from core.payloads import build_scope
 from core.products.receipts import EXPIRED, FOUND, UNAVAILABLE, Receipt, read_receipt, receipt_url
-from core.states import Effect, RunState, StepState, Transition
+from core.states import Transition
 from core.workflow.catalogue import connection_type
-from core.workflow.mapping import map_output
-from core.workflow.model import step_kind
 from recovery.env import RECEIPT_TIMEOUT_SECONDS, RecoveryEnv
 from recovery.targets import (
     UNCERTAIN,
@@ -156,17 +156,6 @@ def _refuse_changed(outcome: str) -> None:
         )
 
 
-def _sealed(env: RecoveryEnv, run_id: str, kept: dict[str, Any]) -> dict[str, list[Any]]:
-    """The values ``kept`` (by purpose) sealed for the run, as step_settle's parallel arrays."""
-    sealed = [seal_json(env.keyring, env.namespace, run_id, p, v) for p, v in kept.items()]
-    return {
-        "purposes": list(kept),
-        "key_versions": [s.key_version for s in sealed],
-        "nonces": [s.nonce for s in sealed],
-        "ciphertexts": [s.ciphertext for s in sealed],
-    }
-
-
 async def _accepted(
     conn: asyncpg.Connection,
     env: RecoveryEnv,
@@ -174,9 +163,11 @@ async def _accepted(
     call: HeldCall,
     receipt: dict[str, Any] | None,
 ) -> str:
-    """The receipt proves the command was accepted: the step completes as a live answer
-    would have completed it (step_settle in operator mode decides whether the run goes on
-    from it), or fails with the run when the answer does not map."""
+    """The receipt proves the command was accepted: the step ends as a live accepted answer
+    ends it (:func:`core.execution.call.answered`), except that the run goes straight on to
+    the call's next step, made due for a dispatcher (an operator's action executes no step
+    itself). Settled through step_settle in operator mode, which decides whether the run
+    goes on from it."""
     queries = env.store.queries
     step = call.step
     scope = build_scope(
@@ -186,38 +177,16 @@ async def _accepted(
         run.created_at,
         await queries.recovery_scope_payloads(conn, run_id=run.id),
     )
-    mapped = map_output(call.operation, call.definition.output, scope, receipt)
-    if mapped.ok:
-        following = call.definition.next
-        row = await queries.recovery_step_settle(
-            conn,
-            run_id=run.id,
-            step_id=step.step_id,
-            row_version=step.row_version,
-            state=StepState.COMPLETED,
-            effect=Effect.ACCEPTED,
-            **_sealed(env, run.id, {"response": receipt, "output": mapped.value}),
-            next_step=following,
-            next_type=step_kind(call.workflow.step(following)),
-            run_state=None,
-            failure_kind=None,
-            failure_path=None,
-        )
-    else:
-        row = await queries.recovery_step_settle(
-            conn,
-            run_id=run.id,
-            step_id=step.step_id,
-            row_version=step.row_version,
-            state=StepState.FAILED,
-            effect=Effect.ACCEPTED,
-            **_sealed(env, run.id, {"response": receipt}),
-            next_step=None,
-            next_type=None,
-            run_state=RunState.FAILED,
-            failure_kind="mapping-invalid",
-            failure_path=mapped.failure_path,
-        )
+    found = Classified(ACCEPTED, "a receipt", response=receipt)
+    settlement = answered(call.workflow, scope, call.definition, call.operation, found, direct)
+    assert settlement is not None  # an accepted answer always ends the step
+    row = await queries.recovery_step_settle(
+        conn,
+        run_id=run.id,
+        step_id=step.step_id,
+        row_version=step.row_version,
+        **vars(settlement.arguments(env.keyring, env.namespace, run.id)),
+    )
     assert row is not None  # one call: always one row
     _refuse_changed(row["outcome"])
-    return "accepted" if mapped.ok else "mapping-invalid"
+    return "mapping-invalid" if settlement.failure is not None else "accepted"

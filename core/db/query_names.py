@@ -167,7 +167,7 @@ PARAMETERS: Final[Mapping[QueryName, int]] = {
     "recovery_step_not_sent": 3,
     "recovery_step_poll": 2,
     "recovery_step_retry_same": 3,
-    "recovery_step_settle": 14,
+    "recovery_step_settle": 17,
     "recovery_token_refusals": 0,
     "role_attributes": 1,
     "role_create": 0,

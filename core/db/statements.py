@@ -1281,17 +1281,20 @@ class Statements(Queries):
         key_versions: Sequence[int],
         nonces: Sequence[bytes],
         ciphertexts: Sequence[bytes],
+        passed_ids: Sequence[str],
+        passed_types: Sequence[str],
         next_step: str | None,
         next_type: str | None,
         run_state: str | None,
+        outcome: str | None,
         failure_kind: str | None,
         failure_path: str | None,
     ) -> Record | None:
-        """Settle an operator's step in operator mode: one call of step_operator_settle in
-        transitions.sql, which says what each outcome wrote (changed: the step is no longer
-        the version read, nothing written); always one row. ``row_version``: the step's
-        version as recovery_held_step read it. ``state``: completed or failed. ``run_state``:
-        failed, with next_step null. ``failure_path``: a JSON pointer.
+        """Settle an operator's step in operator mode, with step_settle's arguments after its
+        owner: one call of step_operator_settle in transitions.sql, which says what each
+        outcome wrote (changed: the step is no longer the version read, nothing written);
+        always one row. ``row_version``: the step's version as recovery_held_step read it.
+        ``failure_path``: a JSON pointer.
         """
         result: Record | None = await conn.fetchrow(
             self["recovery_step_settle"],
@@ -1304,9 +1307,12 @@ class Statements(Queries):
             key_versions,
             nonces,
             ciphertexts,
+            passed_ids,
+            passed_types,
             next_step,
             next_type,
             run_state,
+            outcome,
             failure_kind,
             failure_path,
         )

@@ -676,19 +676,17 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_checked(
     $$;
 
 -- An operator settles step p_step of run p_run, read as version p_version: step_settle in
--- operator mode. The step's effect becomes exactly p_effect (null: none is known) and its
--- cause is cleared, the operator holds the step's lease for the rest of this call (so the
--- same checks apply), and step_settle ends the
--- step in p_state with the payloads given and moves the run on to p_next (of type
--- p_next_type), or ends it in p_run_state with failure p_failure_kind at p_failure_path;
--- its outcome says which (abandoned or run-ended: the step alone). A run that goes on
--- while another of its steps is still uncertain stays held. Outcome changed when the
--- step is not the version read.
+-- operator mode, with step_settle's arguments after its owner. The step's effect becomes
+-- exactly p_effect (null: none is known) and its cause is cleared, the operator holds the
+-- step's lease for the rest of this call (so the same checks apply), and step_settle ends
+-- the step and moves the run on or ends it; its outcome says which (abandoned or
+-- run-ended: the step alone). A run that goes on while another of its steps is still
+-- uncertain stays held. Outcome changed when the step is not the version read.
 CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
     p_run text, p_step text, p_version text, p_state text, p_effect text,
     p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
-    p_next text, p_next_type text, p_run_state text, p_failure_kind text,
-    p_failure_path text,
+    p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text,
+    p_run_state text, p_outcome text, p_failure_kind text, p_failure_path text,
     OUT outcome text, OUT run_state text)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
@@ -711,8 +709,9 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
             SELECT x.outcome, x.run_state INTO outcome, run_state
               FROM {{ns}}.step_settle(p_run, p_step, v_owner, p_state, NULL,
                                       p_purposes, p_key_versions, p_nonces, p_ciphertexts,
-                                      '{}', '{}', p_next, p_next_type, p_run_state, NULL,
-                                      p_failure_kind, p_failure_path) x;
+                                      p_passed_ids, p_passed_types, p_next, p_next_type,
+                                      p_run_state, p_outcome, p_failure_kind,
+                                      p_failure_path) x;
             IF run_state = 'running' AND EXISTS (
                    SELECT 1 FROM {{ns}}.step x
                     WHERE x.run_id = p_run AND x.state = 'uncertain') THEN
@@ -746,8 +745,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_not_sent(
             ELSIF c.abandoned OR c.run_ended THEN
                 SELECT * INTO outcome, run_state
                   FROM {{ns}}.step_operator_settle(p_run, p_step, p_version, 'cancelled',
-                                                   NULL, '{}', '{}', '{}', '{}', NULL, NULL,
-                                                   NULL, NULL, NULL);
+                                                   NULL, '{}', '{}', '{}', '{}', '{}', '{}',
+                                                   NULL, NULL, NULL, NULL, NULL, NULL);
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x

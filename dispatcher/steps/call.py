@@ -15,7 +15,7 @@ The order is the whole point:
    ``attention``.
 3. Commit the sealed command and its command key as *prepared* — before a byte leaves.
 4. Send it, outside any transaction, with ``Idempotency-Key: <command key>``.
-5. Classify the answer (:mod:`dispatcher.classify`, over what :mod:`core.products.http`
+5. Classify the answer (:mod:`core.execution.classify`, over what :mod:`core.products.http`
    reports) and commit the outcome together with the next step:
    accepted → keep the response and the mapped output, continue (a mapping that fails is
    ``mapping-invalid``, the effect staying accepted); definitely not processed → the same
@@ -34,7 +34,7 @@ an uncertain (or not-sent) step ready again with its command and key kept: its e
 A cancel that committed before step 3 stops the command there (the step ends cancelled in
 the transaction that would have prepared it). An answer that arrives after a cancel is still
 the step's own outcome and is recorded as above, but leads nowhere: no next step, no
-``onRefused``, no retry (see :mod:`dispatcher.tx`).
+``onRefused``, no retry (see :mod:`core.execution.settlement`).
 """
 
 from __future__ import annotations
@@ -43,28 +43,15 @@ import dataclasses
 import logging
 import ssl
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from core.bindings import Binding
-from core.codes import Code
 from core.derive import command_key
 from core.errors import CoordinatorError
-from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
-from core.products.token_client import UNRECOGNISED
-from core.states import Effect, SentNothing, StepState
-from core.workflow.catalogue import Operation
-from core.workflow.expr import Scope
-from core.workflow.mapping import map_command, map_output
-from core.workflow.model import CallStep, Workflow
-from dispatcher.adapters import (
+from core.execution.adapters import (
     AuthorizedRequest,
-    ProductRequest,
-    RequestUnbuildable,
-    adapter_for,
 )
-from dispatcher.claim import Claimed
-from dispatcher.classify import (
+from core.execution.call import answered
+from core.execution.classify import (
     ACCEPTED,
     LEASE_EXPIRED,
     NOT_SENDABLE,
@@ -76,8 +63,15 @@ from dispatcher.classify import (
     classify_failure,
     retry_delay,
 )
+from core.execution.settlement import Failure, Settlement
+from core.execution.steps import Reached, Send, reached
+from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
+from core.products.token_client import UNRECOGNISED
+from core.states import SentNothing, StepState
+from core.workflow.catalogue import Operation
+from core.workflow.model import CallStep
+from dispatcher.claim import Claimed
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
-from dispatcher.onward import onward
 from dispatcher.run_view import Loaded, RunView
 from dispatcher.steps.base import (
     SENDING,
@@ -88,108 +82,12 @@ from dispatcher.steps.base import (
     access_token,
     call_token,
 )
-from dispatcher.tx import Failure, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
 
 
 async def _fail(env: StepEnv, claimed: Claimed, failure: Failure) -> None:
     await env.settler.conclude(claimed, Settlement.failing(failure))
-
-
-@dataclass(frozen=True)
-class CallInputs:
-    """What a call reads before it acts: the stored command of an earlier attempt (or
-    None) and the run's binding for the connection — or the refusal reading them met,
-    raised only where the call first needs them."""
-
-    command: Any = None
-    binding: Binding | None = None
-    error: CoordinatorError | None = None
-
-
-def inputs_from(loaded: Loaded, env: StepEnv, claimed: Claimed, step: CallStep) -> CallInputs:
-    """A call's inputs from what the engine loaded with the run, so a call step costs no
-    read of its own."""
-    try:
-        command: Any = None
-        if claimed.command_payload_id is not None:
-            command = loaded.command(env.keyring, env.store.runtime.config.namespace)
-    except CoordinatorError as exc:
-        return CallInputs(error=exc)
-    return CallInputs(command, loaded.run.bindings.get(step.connection))
-
-
-@dataclass(frozen=True)
-class Built:
-    """A call's command and the request that sends it."""
-
-    command: Any
-    request: ProductRequest
-
-
-def build_request(
-    workflow: Workflow,
-    step: CallStep,
-    scope: Scope,
-    binding: Binding,
-    key: str,
-    stored: Any = None,
-) -> Built | Failure:
-    """The command of ``step`` (``stored``, or mapped from ``scope`` and checked against the
-    operation's command schema) and its request under ``key``; the ``invalid-command``
-    failure with its pointer when either cannot be made. Pure: ``coordinatorctl workflow
-    simulate`` runs it too."""
-    adapter = adapter_for(workflow.connections[step.connection])
-    op = adapter.operation(step.operation)
-    if stored is not None:
-        command = stored
-    else:
-        mapped = map_command(op, step.input, scope)
-        if not mapped.ok:
-            return Failure("invalid-command", mapped.failure_path)
-        command = mapped.value
-    try:
-        request = adapter.build(op, binding, command, key)
-    except RequestUnbuildable as unbuildable:
-        return Failure("invalid-command", unbuildable.pointer)
-    return Built(command, request)
-
-
-def answered(
-    workflow: Workflow, scope: Scope, step: CallStep, op: Operation, result: Classified
-) -> Settlement | None:
-    """How a classified answer ends the step and where the run goes, for the answers whose
-    ending needs nothing decided under the step's lock (accepted, refused, unsendable);
-    ``None`` for retryable and uncertain ones, which :func:`_record` hands to
-    ``step_retry`` and ``step_make_uncertain``. Pure: ``coordinatorctl workflow simulate``
-    runs it too."""
-    response = result.response
-    if result.result == ACCEPTED:
-        mapped = map_output(op, step.output, scope, response)
-        if not mapped.ok:
-            return Settlement.failing(
-                Failure("mapping-invalid", mapped.failure_path),
-                effect=Effect.ACCEPTED,
-                keep={"response": response},
-            )
-        # The run goes on with the output it keeps, through the local steps after the call.
-        kept = mapped.value
-        steps = {**scope.steps, step.id: kept} if isinstance(kept, dict) else scope.steps
-        return Settlement.onward(
-            onward(workflow, dataclasses.replace(scope, steps=steps), step.next),
-            effect=Effect.ACCEPTED,
-            keep={"response": response, "output": kept},
-        )
-    if result.result == REFUSED:
-        if step.on_refused is not None:
-            way = onward(workflow, scope, step.on_refused)
-            return Settlement.onward(way, state=StepState.REFUSED)
-        return Settlement.failing(Failure("refused"), state=StepState.REFUSED)
-    if result.result == NOT_SENDABLE:
-        # Refused here before a byte was written: never sent, and it never could be.
-        return Settlement.failing(Failure("invalid-command", ""))
-    return None
 
 
 async def _send(
@@ -227,10 +125,10 @@ async def _send(
 async def execute(
     env: StepEnv,
     claimed: Claimed,
-    run: RunView,
+    loaded: Loaded,
     step: CallStep,
     flight: Flight,
-    inputs: CallInputs,
+    at: Reached,
 ) -> None:
     """Work on a claimed call step; see the module docstring for the order of things."""
     if claimed.state == StepState.PREPARED:
@@ -242,22 +140,18 @@ async def execute(
         await _fail(env, claimed, Failure("deadline-exceeded"))
         return
 
-    connection_type = run.workflow.connections[step.connection]
-    adapter = adapter_for(connection_type)
-    op = adapter.operation(step.operation)
-    if inputs.error is not None:
-        raise inputs.error
-    stored, binding = inputs.command, inputs.binding
-    if binding is None:
-        raise CoordinatorError(
-            Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
-        )
-    key = claimed.command_key or command_key(env.admission_key, run.id, step.id)
-    built = build_request(run.workflow, step, run.scope, binding, key, stored)
-    if isinstance(built, Failure):
-        await _fail(env, claimed, built)
+    # The command of an earlier attempt was read with the claim: no read of its own.
+    stored: Any = None
+    if claimed.command_payload_id is not None:
+        stored = loaded.command(env.keyring, env.store.runtime.config.namespace)
+    key = claimed.command_key or command_key(env.admission_key, loaded.run.id, step.id)
+    decision = reached(step, dataclasses.replace(at, key=key, stored=stored))
+    if isinstance(decision, Settlement):
+        await env.settler.conclude(claimed, decision)
         return
-    command, request = built.command, built.request
+    assert isinstance(decision, Send)
+    command, request, op = decision.built.command, decision.built.request, decision.operation
+    connection_type = at.workflow.connections[step.connection]
 
     try:
         # (A private root is read the first time its connection calls: before anything is
@@ -316,7 +210,7 @@ async def execute(
             )
     env.crash_points.reached(AFTER_ANSWER)
     flight.phase = SETTLING
-    await _record(env, claimed, run, step, op, result, prepared.attempts)
+    await _record(env, claimed, loaded.run, step, op, result, prepared.attempts)
 
 
 async def _withheld(

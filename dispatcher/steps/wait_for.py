@@ -50,85 +50,33 @@ not kept and leads nowhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
 
 from core import derive
-from core.canonical import parse_json
-from core.codes import Code
 from core.config.model import DEFAULT_RESULT_CHECK_SECONDS
-from core.errors import CoordinatorError
+from core.execution.settlement import Failure, Settlement
+from core.execution.steps import Reached, Watch, binding_of, reached
+from core.execution.wait_for import (
+    DECIDED,
+    FAILED,
+    PENDING,
+    REFUSED,
+    UNTRUSTED,
+    Read,
+    check_delay,
+    decided,
+    interpret,
+    timed_out,
+)
 from core.products.http import ExchangeFailure
 from core.states import SentNothing, StepState, Transition
 from core.workflow import catalogue
-from core.workflow.expr import MissingValue, Scope, render
-from core.workflow.model import WaitForStep, Workflow
+from core.workflow.model import WaitForStep
 from dispatcher.claim import Claimed
-from dispatcher.onward import Onward
-from dispatcher.run_view import RunView
+from dispatcher.run_view import Loaded
 from dispatcher.steps.base import Flight, StepEnv, TokenWithheld, call_token
-from dispatcher.tx import Failure, Settlement
 
 log = logging.getLogger("coordinator.dispatcher")
-
-DECIDED: Final = "decided"
-PENDING: Final = "pending"
-FAILED: Final = "failed"
-REFUSED: Final = "refused"
-UNTRUSTED: Final = "untrusted"
-"""Casework or the issuer failed TLS verification: nothing was read, nothing will be until
-an operator acts."""
-
-SPREAD: Final = 0.2
-"""Checks are planned ``interval × (1 ± SPREAD/2)`` ahead."""
-_RETRY_STATUSES: Final = frozenset({408, 429})
-
-
-@dataclass(frozen=True)
-class Read:
-    """What one read of a result answered."""
-
-    kind: str
-    """decided, pending, failed, refused or untrusted."""
-    reason: str
-    """A short, value-free description for logs."""
-    status: int | None = None
-    result: Mapping[str, str] | None = None
-    """The result fields of a decision (``outcome``, ``decidedAt``)."""
-
-
-def check_delay(interval: float, jitter: Callable[[], float]) -> float:
-    """Seconds until the next check: ``interval`` spread by up to ±10 % at random."""
-    return interval * (1.0 - SPREAD / 2 + SPREAD * jitter())
-
-
-def interpret(status: int, body: bytes) -> Read:
-    """Classify an answer of ``GET …/review-requests/{reviewId}``. Never quotes the body."""
-    if 200 <= status < 300:
-        try:
-            document: Any = parse_json(body)
-        except (UnicodeDecodeError, ValueError):
-            return Read(FAILED, f"{status} with a body that is not JSON", status)
-        state = document.get("status") if isinstance(document, dict) else None
-        if state == "pending":
-            return Read(PENDING, f"{status} pending", status)
-        decision = document.get("decision") if isinstance(document, dict) else None
-        if state == "decided" and isinstance(decision, dict):
-            outcome, decided_at = decision.get("outcome"), decision.get("decidedAt")
-            if isinstance(outcome, str) and isinstance(decided_at, str):
-                return Read(
-                    DECIDED,
-                    f"{status} decided",
-                    status,
-                    {"outcome": outcome, "decidedAt": decided_at},
-                )
-        return Read(FAILED, f"{status} without a readable result", status)
-    if status in _RETRY_STATUSES or status >= 500:
-        return Read(FAILED, f"{status}", status)
-    if 400 <= status < 500:
-        return Read(REFUSED, f"{status}", status)
-    return Read(FAILED, f"{status}", status)
 
 
 def result_check_seconds(env: StepEnv, connection: str) -> int:
@@ -150,54 +98,14 @@ class _Target:
     match: bytes
 
 
-def identity_of(step: WaitForStep, field: str, scope: Scope) -> str | Failure:
-    """The awaited result's identifying value (``field``, Casework's ``reviewId``) from the
-    run's values, or the ``mapping-invalid`` failure that ends the run. Pure, like
-    :func:`decided` and :func:`timed_out`: ``coordinatorctl workflow simulate`` runs them."""
-    try:
-        identity = render(step.identifying.get(field), scope)
-    except MissingValue:
-        return Failure("mapping-invalid", f"/{field}")
-    if not isinstance(identity, str) or not identity:
-        return Failure("mapping-invalid", f"/{field}")
-    return identity
-
-
-def decided(workflow: Workflow, step: WaitForStep, result: Mapping[str, str]) -> Settlement:
-    """The wait ends with a decision: keep its fields and continue at ``next``."""
-    return Settlement.onward(Onward.direct(workflow, step.next), keep={"wait-result": dict(result)})
-
-
-def timed_out(workflow: Workflow, step: WaitForStep) -> Settlement:
-    """The wait ends without a decision after ``timeoutSeconds``: continue at ``onTimeout``."""
-    assert step.on_timeout is not None  # the checker requires onTimeout with a timeout
-    return Settlement.onward(Onward.direct(workflow, step.on_timeout))
-
-
-async def _target(env: StepEnv, run: RunView, step: WaitForStep) -> _Target | Failure:
+def _target(env: StepEnv, at: Reached, watch: Watch) -> _Target | Failure:
     """The read's URL and the wait's digest, or the failure that ends the run."""
-    kind = run.workflow.connections[step.connection]
-    result = catalogue.result(kind, step.result)
-    if result is None or len(result.identifying) != 1:
-        # The checker refuses a wait-for on a result the catalogue lacks; a package that
-        # still names one cannot be waited on.
-        raise CoordinatorError(
-            Code.DEPLOYMENT_REFUSED, f"{kind} has no result {step.result!r} to wait for"
-        )
-    field = result.identifying[0].name
-    pointer = f"/{field}"
-    identity = identity_of(step, field, run.scope)
-    if isinstance(identity, Failure):
-        return identity
-    binding = run.bindings.get(step.connection)
-    if binding is None:
-        raise CoordinatorError(
-            Code.BINDING_CONFLICT, f"the run has no binding for connection '{step.connection}'"
-        )
+    step, field, identity = watch.step, watch.field, watch.identity
+    binding = binding_of(step, at)
     try:
-        path = catalogue.fill_path(result.path, {"profile": binding.profile, field: identity})
+        path = catalogue.fill_path(watch.result.path, {"profile": binding.profile, field: identity})
     except ValueError:
-        return Failure("mapping-invalid", pointer)
+        return Failure("mapping-invalid", f"/{field}")
     return _Target(
         url=binding.base_url.rstrip("/") + path,
         match=derive.wait_match(env.admission_key, step.connection, step.result, identity),
@@ -249,13 +157,19 @@ async def read_result(env: StepEnv, connection: str, url: str) -> Read:
 
 
 async def execute(
-    env: StepEnv, claimed: Claimed, run: RunView, step: WaitForStep, flight: Flight
+    env: StepEnv, claimed: Claimed, loaded: Loaded, step: WaitForStep, flight: Flight, at: Reached
 ) -> None:
     """Plan the next check, read the result once, and record what it said."""
-    target = await _target(env, run, step)
+    run = loaded.run
+    decision = reached(step, at)
+    target = _target(env, at, decision) if isinstance(decision, Watch) else None
     if isinstance(target, Failure):
-        # (step_settle ends the step cancelled instead if a cancel abandoned it.)
-        await env.settler.conclude(claimed, Settlement.failing(target))
+        decision = Settlement.failing(target)
+    if not isinstance(target, _Target):
+        # A value the read needs cannot be made: the step ends here (step_settle ends it
+        # cancelled instead if a cancel abandoned it).
+        assert isinstance(decision, Settlement)
+        await env.settler.conclude(claimed, decision)
         return
 
     delay = check_delay(result_check_seconds(env, step.connection), env.jitter)

@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 import pytest
 
-from auditd.verify import verify_file
+from core.audit.verify import verify_file
 from core.db.connect import connect
 from devstack.stack import wait_until
 from tests.e2e.conftest import Running

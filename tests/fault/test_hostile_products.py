@@ -1,6 +1,6 @@
 """A misbehaving product on a raw loopback socket, one behaviour per test, against the real
 outbound client (:class:`core.products.http.ProductHttp`) and the call classification
-(:mod:`dispatcher.classify`), CONTRACT §9.3 step 4 and §8.4.
+(:mod:`core.execution.classify`), CONTRACT §9.3 step 4 and §8.4.
 
 Each test says what the client reports, how the dispatcher classifies it (result and cause),
 and how many requests the product received: never two for one command, and never an answer
@@ -37,6 +37,17 @@ import pytest
 import uvicorn
 
 from core.crypto import keyring_from_config
+from core.execution.classify import (
+    ACCEPTED,
+    NOT_SENDABLE,
+    REFUSED,
+    RETRYABLE,
+    STATUS_5XX,
+    UNCERTAIN,
+    Classified,
+    classify_answer,
+    classify_failure,
+)
 from core.products.http import (
     ANSWER_TOO_LARGE,
     CONNECTION_LOST,
@@ -54,17 +65,6 @@ from devstack.issuer import DevIssuer, IssuerState, generate_private_jwk
 from devstack.postgres import DatabaseHandle
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
-from dispatcher.classify import (
-    ACCEPTED,
-    NOT_SENDABLE,
-    REFUSED,
-    RETRYABLE,
-    STATUS_5XX,
-    UNCERTAIN,
-    Classified,
-    classify_answer,
-    classify_failure,
-)
 from recovery import reads
 from tests.helpers.base_kit import applied, write_packages
 from tests.helpers.deployment import (

@@ -20,7 +20,7 @@ reason, a tampered journal) and see it fail:
 - every processed command belongs to a run that exists;
 - every held run shows why: ``attention`` and a step whose effect is ``unknown`` with its
   cause; every unknown effect in the database is shown by inspection;
-- the audit journal's hash chain verifies (:func:`auditd.verify.verify_file`).
+- the audit journal's hash chain verifies (:func:`core.audit.verify.verify_file`).
 
 :func:`settle` brings a stack from load to that quiet state: it stops the driver, waits
 until nothing moves, moves the coordinator's clock past the dispatcher's lease (so that a
@@ -43,8 +43,8 @@ from typing import Any, Final
 
 import httpx
 
-from auditd.journal import line_hash, serialize
-from auditd.verify import verify_file
+from core.audit.format import line_hash, serialize
+from core.audit.verify import verify_file
 from devstack.stack import wait_until
 from tests.helpers.faults import CALL_STEP, LEASE_SECONDS, WORKFLOW_ID, FaultStack
 from tests.reliability.exposure import EXPOSURE

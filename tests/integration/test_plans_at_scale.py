@@ -248,13 +248,14 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "an operator's settle of an accepted call": (
         "recovery_step_settle",
         "operator state = 'uncertain', step_type = 'call', effect = 'unknown', due_at = NULL",
-        ("completed", "accepted", ["response"], [1], [NONCE], [b"x"], "notify", "call", None,
-         None, None),
+        ("completed", "accepted", ["response"], [1], [NONCE], [b"x"], [], [], "notify", "call",
+         None, None, None, None),
     ),
     "an operator's settle that fails the run": (
         "recovery_step_settle",
         "operator state = 'uncertain', step_type = 'call', effect = 'unknown', due_at = NULL",
-        ("failed", "accepted", [], [], [], [], None, None, "failed", "mapping-invalid", "/x"),
+        ("failed", "accepted", [], [], [], [], [], [], None, None, "failed", None,
+         "mapping-invalid", "/x"),
     ),
     "a receipt that proves the command never arrived": (
         "recovery_step_not_sent",

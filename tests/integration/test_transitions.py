@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
+from core.execution.onward import Onward
+from core.execution.settlement import Failure, Settlement
 from core.states import Effect, SentNothing, StepState, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
-from dispatcher.onward import Onward
-from dispatcher.tx import Failure, Settlement
 from tests.helpers.dispatching import DispatchKit, dispatch_kit
 
 pytestmark = pytest.mark.postgres
@@ -906,16 +906,19 @@ async def operator_settle(kit: DispatchKit, run_id: str, row_version: str, **giv
         "key_versions": [1],
         "nonces": [bytes(12)],
         "ciphertexts": [b"x"],
+        "passed_ids": [],
+        "passed_types": [],
         "next": "check",
         "next_type": "choose",
         "run_state": None,
+        "outcome": None,
         "failure_kind": None,
         "failure_path": None,
     } | given
     return tuple(
         await kit.db.fetchrow(
             f"SELECT * FROM {kit.ns}.step_operator_settle($1, 'send', $2, "
-            "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             run_id,
             row_version,
             *arguments.values(),

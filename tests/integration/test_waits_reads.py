@@ -8,7 +8,7 @@ import json
 import pytest
 
 from core import derive
-from dispatcher.steps.wait_for import (
+from core.execution.wait_for import (
     DECIDED,
     FAILED,
     PENDING,

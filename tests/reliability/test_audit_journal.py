@@ -39,9 +39,9 @@ import pytest
 from auditd.journal import AuditEntry, Journal
 from auditd.service import AuditService, open_journal
 from auditd.service import serve as serve_auditd
-from auditd.verify import verify_file
 from cli.main import main as ctl_main
 from core import deploy
+from core.audit.verify import verify_file
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb

@@ -6,6 +6,17 @@ import json
 
 import pytest
 
+from core.execution.classify import (
+    ACCEPTED,
+    NOT_SENDABLE,
+    REFUSED,
+    RETRYABLE,
+    STATUS_5XX,
+    UNCERTAIN,
+    classify_answer,
+    classify_failure,
+    retry_delay,
+)
 from core.products.http import (
     ANSWER_TOO_LARGE,
     CONNECTION_LOST,
@@ -16,17 +27,6 @@ from core.products.http import (
     UNREADABLE_ANSWER,
     UNSENDABLE,
     ExchangeFailure,
-)
-from dispatcher.classify import (
-    ACCEPTED,
-    NOT_SENDABLE,
-    REFUSED,
-    RETRYABLE,
-    STATUS_5XX,
-    UNCERTAIN,
-    classify_answer,
-    classify_failure,
-    retry_delay,
 )
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from core.bindings import Binding
+from core.execution.adapters import ADAPTERS, RequestUnbuildable, adapter_for
 from core.workflow.catalogue import CONNECTION_TYPES
-from dispatcher.adapters import ADAPTERS, RequestUnbuildable, adapter_for
 
 KEY = "a" * 64
 
@@ -31,7 +31,7 @@ def binding(connection_type: str, **changes: object) -> Binding:
 def test_there_is_one_adapter_per_connection_type() -> None:
     assert set(ADAPTERS) == set(CONNECTION_TYPES)
     modules = {type(a).__module__ for a in ADAPTERS.values()}
-    assert modules == {"dispatcher.adapters.base"}
+    assert modules == {"core.execution.adapters.base"}
     with pytest.raises(KeyError):
         adapter_for("ftp")
 

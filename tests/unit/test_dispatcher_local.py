@@ -1,13 +1,13 @@
-"""The local steps a settled step leads through (dispatcher.onward): what a settle
+"""The local steps a settled step leads through (core.execution.onward): what a settle
 records besides its own step, decided from the run's values alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from core.execution.onward import MAX_LOCAL_STEPS, onward
 from core.workflow.expr import Scope
 from core.workflow.parse import parse_source
-from dispatcher.onward import MAX_LOCAL_STEPS, onward
 from tests.helpers import dispatching
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from auditd.journal import SEGMENT_ACTION, AuditEntry, Journal, read_tail
-from auditd.verify import main as verify_main
-from auditd.verify import verify_file
+from auditd.journal import AuditEntry, Journal
+from core.audit.format import SEGMENT_ACTION, read_tail
+from core.audit.verify import main as verify_main
+from core.audit.verify import verify_file
 from core.clock import timestamp as format_instant
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -310,7 +311,7 @@ async def test_verify_command_line(
 
 async def test_verify_runs_as_a_module(journal_path: Path, fsync: CountingFsync) -> None:
     await filled_journal(journal_path, fsync)
-    command = [sys.executable, "-m", "auditd.verify", str(journal_path)]
+    command = [sys.executable, "-m", "core.audit.verify", str(journal_path)]
     good = subprocess.run(command, capture_output=True, text=True, check=False)
     assert good.returncode == 0, good.stderr
     lines = lines_of(journal_path)

@@ -3,6 +3,6 @@ proposals, as the catalogue describes them. The coordinator never applies a prop
 
 from __future__ import annotations
 
-from dispatcher.adapters.base import CatalogueAdapter
+from core.execution.adapters.base import CatalogueAdapter
 
 ADAPTER = CatalogueAdapter("breg-action")

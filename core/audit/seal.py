@@ -2,14 +2,14 @@
 
 A write cut short (a full disk, a crash, a power cut) can leave the journal's last line
 without its newline, or as bytes that are not a record. auditd never appends to such a
-file (:class:`auditd.journal.TornTail`), and nobody should edit the evidence by hand. This
-is the one sanctioned repair, run by ``coordinatorctl audit seal-tail`` while auditd is
-stopped. In this order:
+file (:class:`core.audit.format.TornTail`), and nobody should edit the evidence by hand.
+This is the one sanctioned repair, run by ``coordinatorctl audit seal-tail`` while auditd
+is stopped. In this order:
 
 1. open the journal as auditd does (no symbolic link, mode 0600, the exclusive lock, so a
    running auditd makes it refuse with ``audit.journal-locked``);
 2. check that the only fault is a torn last line and that every line before it verifies
-   (:mod:`auditd.verify`); anything else refuses with ``audit.journal-broken``;
+   (:mod:`core.audit.verify`); anything else refuses with ``audit.journal-broken``;
 3. copy the torn bytes, unchanged, to a side file beside the journal,
    ``<journal>.torn-<seq>`` (mode 0600, created exclusively, fsynced with its folder);
 4. write, in place of the torn bytes, an ``audit-journal.torn-tail`` record (``outcome``
@@ -31,8 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from auditd.journal import SEAL_ACTION, SEALED, open_locked, scan, serialize
-from auditd.verify import verify_stream
+from core.audit.format import SEAL_ACTION, SEALED, open_locked, scan, serialize
+from core.audit.verify import verify_stream
 from core.clock import timestamp
 from core.codes import Code
 from core.errors import CoordinatorError

@@ -1,7 +1,8 @@
-"""How a step ends: what the dispatcher hands to the transition functions.
+"""How a step ends: what a room that runs steps hands to the transition functions.
 
 A :class:`Settlement` says how a step ends and where its run goes; ``step_settle`` in
-``core/db/transitions.sql`` writes it in one call (:meth:`dispatcher.settle.Settler.conclude`),
+``core/db/transitions.sql`` writes it in one call (the dispatcher's
+``Settler.conclude``; an operator's reconcile through ``step_operator_settle``),
 and the transitions that end a step on the way (a retry past its deadline, a wait-for read
 that ends the wait) hand theirs to the same function from inside their own. That function
 also decides the cases the executor does not know of — a lost lease, a cancel that abandoned
@@ -24,14 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-import asyncpg
-from asyncpg import Record
-
 from core.crypto import Keyring
-from core.db.statements import Statements
+from core.execution.onward import Onward
 from core.payloads import seal_json
 from core.states import RunState, StepState, Transition
-from dispatcher.onward import Onward
 
 UNCERTAIN_CAUSES: Final = frozenset(
     {
@@ -66,30 +63,11 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A command committed as prepared, about to be sent."""
-
-    attempts: int
-    first_of_run: bool
-    since_admission: float
-    deadline_in: float | None = None
-    """Seconds left until the step's deadline: no exchange may run past it."""
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Prepared:
-        """The prepared command of a ``dispatcher_step_prepare`` answer."""
-        return cls(
-            attempts=int(row["attempts"]),
-            first_of_run=bool(row["first_of_run"]),
-            since_admission=float(row["since_admission"] or 0.0),
-            deadline_in=None if row["deadline_in"] is None else float(row["deadline_in"]),
-        )
-
-
-@dataclass(frozen=True)
 class SettleArguments:
-    """``dispatcher_step_settle``'s arguments after run, step and owner, the payloads sealed
-    (once: a retried settle reuses them)."""
+    """``step_settle``'s arguments after run, step and owner (or, in operator mode, the
+    step's row version), the payloads sealed (once: a retried settle reuses them); the
+    keyword arguments of ``dispatcher_step_settle`` and ``recovery_step_settle`` as they
+    are."""
 
     state: str
     effect: str | None
@@ -105,40 +83,6 @@ class SettleArguments:
     outcome: str | None
     failure_kind: str | None
     failure_path: str | None
-
-    async def write(
-        self,
-        conn: asyncpg.Connection,
-        queries: Statements,
-        *,
-        run_id: str,
-        step_id: str,
-        owner: str,
-    ) -> Record:
-        """Settle step ``step_id`` of ``run_id``, leased to ``owner``, as these arguments say
-        (``dispatcher_step_settle``); answers its row (outcome, run_state)."""
-        row = await queries.dispatcher_step_settle(
-            conn,
-            run_id=run_id,
-            step_id=step_id,
-            owner=owner,
-            state=self.state,
-            effect=self.effect,
-            purposes=self.purposes,
-            key_versions=self.key_versions,
-            nonces=self.nonces,
-            ciphertexts=self.ciphertexts,
-            passed_ids=self.passed_ids,
-            passed_types=self.passed_types,
-            next_step=self.next_step,
-            next_type=self.next_type,
-            run_state=self.run_state,
-            outcome=self.outcome,
-            failure_kind=self.failure_kind,
-            failure_path=self.failure_path,
-        )
-        assert row is not None  # step_settle answers one row
-        return row
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Check an audit journal's hash chain, sequence and record shapes without the audit key.
 
 ``coordinatorctl audit verify --audit-file FILE [--from-seq N]`` runs it (``python -m
-auditd.verify FILE`` too, for a checkout). It passes when every line is a well-formed record
-in canonical form, ``seq`` runs 1, 2, 3, … and each ``prev`` is the SHA-256 of the line
-before it; otherwise it names the first record that breaks a rule, by the ``seq`` it should
-have and its line.
+core.audit.verify FILE`` too, for a checkout). It passes when every line is a well-formed
+record in canonical form, ``seq`` runs 1, 2, 3, … and each ``prev`` is the SHA-256 of the
+line before it; otherwise it names the first record that breaks a rule, by the ``seq`` it
+should have and its line.
 
 A changed line shows up at the record that follows it (its ``prev`` no longer matches), a
 removed or moved line at its own position (``seq`` jumps). The last line has no successor
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from auditd.journal import GENESIS_PREV, OPTIONAL_KEYS, RECORD_KEYS, line_hash, serialize
+from core.audit.format import GENESIS_PREV, OPTIONAL_KEYS, RECORD_KEYS, line_hash, serialize
 
 _AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 _REF = re.compile(r"[0-9a-f]{32}")
@@ -180,7 +180,7 @@ def verify_file(path: Path, from_seq: int = 1) -> VerifyResult:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m auditd.verify",
+        prog="python -m core.audit.verify",
         description="Verify an audit journal's hash chain and sequence.",
     )
     parser.add_argument("file", type=Path, help="the audit journal (JSON Lines)")

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from dispatcher.adapters.base import CatalogueAdapter
+from core.execution.adapters.base import CatalogueAdapter
 
 ADAPTER = CatalogueAdapter("messaging")

@@ -8,6 +8,6 @@ operation's connection fields and the shared builder fills it in.
 
 from __future__ import annotations
 
-from dispatcher.adapters.base import CatalogueAdapter
+from core.execution.adapters.base import CatalogueAdapter
 
 ADAPTER = CatalogueAdapter("casework-review-producer")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from dispatcher.adapters import breg_action, casework, messaging, scheduling
-from dispatcher.adapters.base import (
+from core.execution.adapters import breg_action, casework, messaging, scheduling
+from core.execution.adapters.base import (
     AuthorizedRequest,
     CatalogueAdapter,
     ProductRequest,

@@ -50,6 +50,11 @@ STATUS_5XX: Final = "status-5xx"
 LEASE_EXPIRED: Final = "lease-expired"
 """The cause of a step found prepared with no dispatcher left to say whether it was sent."""
 
+RETRY_FIRST_SECONDS: Final = 1.0
+"""The first delay after a definite retryable answer (the production value)."""
+RETRY_CAP_SECONDS: Final = 300.0
+"""The longest delay between automatic retries (the production value)."""
+
 REFUSAL_STATUSES: Final = frozenset({400, 401, 403, 404, 409, 422})
 RETRYABLE_PROBLEM: Final = "service.unavailable"
 _CODE: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -137,8 +142,8 @@ def classify_failure(error: ExchangeFailure) -> Classified:
 def retry_delay(
     retries: int,
     *,
-    first: float = 1.0,
-    cap: float = 300.0,
+    first: float = RETRY_FIRST_SECONDS,
+    cap: float = RETRY_CAP_SECONDS,
     jitter: Callable[[], float] = random.random,
 ) -> float:
     """Seconds to wait before attempt ``retries + 1`` after ``retries`` retryable answers.
