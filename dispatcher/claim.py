@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from core import clock
+from core.db.statements import DispatcherClaimRow
 from core.errors import CoordinatorError
 from core.payloads import statement
 from core.runtime import Store
@@ -54,27 +55,26 @@ class Claimed:
     """Whether a cancel had abandoned the step when it was claimed (``step_abandoned``): a
     hint for skipping work early, which each transition function confirms under the
     step's lock, since a cancel may commit after the claim."""
-    context: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    context: DispatcherClaimRow | None = field(default=None, compare=False, repr=False)
     """The claim row itself, with what executing the step reads (see ``dispatcher_claim``):
     the run, its sealed scope, its bindings and the stored command."""
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Claimed:
+    def from_row(cls, row: DispatcherClaimRow) -> Claimed:
         """The claimed step of a ``dispatcher_claim`` row."""
-        payload_id = row["command_payload_id"]
         return cls(
-            run_id=str(row["run_id"]),
-            step_id=str(row["step_id"]),
-            seq=int(row["seq"]),
-            step_type=str(row["step_type"]),
-            state=str(row["state"]),
-            attempts=int(row["attempts"]),
-            command_payload_id=None if payload_id is None else int(payload_id),
-            command_key=None if row["command_key"] is None else str(row["command_key"]),
-            past_deadline=bool(row["past_deadline"]),
-            lease_epoch=None if row["lease_epoch"] is None else int(row["lease_epoch"]),
-            now=row["now"],
-            abandoned=bool(row["abandoned"]),
+            run_id=row.run_id,
+            step_id=row.step_id,
+            seq=row.seq,
+            step_type=row.step_type,
+            state=row.state,
+            attempts=row.attempts,
+            command_payload_id=row.command_payload_id,
+            command_key=row.command_key,
+            past_deadline=row.past_deadline,
+            lease_epoch=row.lease_epoch,
+            now=row.now,
+            abandoned=row.abandoned,
             context=row,
         )
 
@@ -139,7 +139,7 @@ class Claimer:
                 conn, limit=self.settings.sweep_limit
             )
         assert row is not None  # counts: always one row
-        found = Sweep(int(row["released"]), int(row["uncertain"]))
+        found = Sweep(row.released, row.uncertain)
         if found.uncertain:
             log.warning(
                 "%d step(s) with an expired lease had a prepared command; now uncertain",
@@ -152,7 +152,7 @@ class Claimer:
         async with statement(self.store) as conn:
             row = await self.store.queries.dispatcher_next_wake(conn)
         assert row is not None  # scalar subqueries: always one row
-        return Wake(row["due_in"], row["lease_in"], bool(row["execution_hold"]))
+        return Wake(row.due_in, row.lease_in, bool(row.execution_hold))
 
     def idle_cap(self) -> float:
         """The longest idle wait: short under the test clock, whose moves notify nobody."""

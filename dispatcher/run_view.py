@@ -73,16 +73,16 @@ async def load_claimed(
     row = claimed.context
     if row is None:
         raise CoordinatorError(Code.INTERNAL, "a claimed step came without its claim row")
-    if row["ended"]:
+    if row.ended:
         return None
-    digest = str(row["package_digest"])
+    digest = row.package_digest
     workflow = workflows.cached(digest)
     if workflow is None:
         async with store.connection() as conn:
             workflow = await workflows.get(conn, store.queries, digest)
     run_id = claimed.run_id
     namespace = store.runtime.config.namespace
-    created_at: datetime = row["created_at"]
+    created_at = row.created_at
     payloads = [
         {
             "step_id": step_id,
@@ -92,11 +92,11 @@ async def load_claimed(
             "ciphertext": ciphertext,
         }
         for step_id, purpose, version, nonce, ciphertext in zip(
-            row["scope_step_ids"] or (),
-            row["scope_purposes"] or (),
-            row["scope_key_versions"] or (),
-            row["scope_nonces"] or (),
-            row["scope_ciphertexts"] or (),
+            row.scope_step_ids or (),
+            row.scope_purposes or (),
+            row.scope_key_versions or (),
+            row.scope_nonces or (),
+            row.scope_ciphertexts or (),
             strict=True,
         )
     ]
@@ -107,16 +107,16 @@ async def load_claimed(
         scope=build_scope(keyring, namespace, run_id, created_at, payloads),
         bindings={
             str(entry["connection"]): Binding.from_row(entry)
-            for entry in json.loads(row["bindings"] or "[]")
+            for entry in json.loads(row.bindings or "[]")
         },
     )
     command_row = None
-    if row["command_run_id"] is not None:
+    if row.command_run_id is not None:
         command_row = {
-            "run_id": row["command_run_id"],
-            "purpose": row["command_purpose"],
-            "key_version": row["command_key_version"],
-            "nonce": row["command_nonce"],
-            "ciphertext": row["command_ciphertext"],
+            "run_id": row.command_run_id,
+            "purpose": row.command_purpose,
+            "key_version": row.command_key_version,
+            "nonce": row.command_nonce,
+            "ciphertext": row.command_ciphertext,
         }
     return Loaded(run, command_row)

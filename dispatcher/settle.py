@@ -20,16 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
-from asyncpg import Record
 
 from core.codes import Code
 from core.crypto import Keyring
+from core.db.statements import (
+    DispatcherStepPrepareRow,
+    DispatcherStepRetryRow,
+    DispatcherStepSettleRow,
+    DispatcherStepUncertainRow,
+    DispatcherStepWaitRow,
+    WaitsPlanCheckRow,
+    WaitsRecordReadRow,
+)
 from core.errors import CoordinatorError
 from core.execution.settlement import UNCERTAIN_CAUSES, Settlement
 from core.payloads import seal_json, statement
@@ -40,6 +48,16 @@ from dispatcher.claim import Claimed
 log = logging.getLogger("coordinator.dispatcher")
 
 T = TypeVar("T")
+
+
+class _Answered(Protocol):
+    """A transition function's row: every one answers an outcome."""
+
+    @property
+    def outcome(self) -> str: ...
+
+
+R = TypeVar("R", bound=_Answered)
 
 # Delays between attempts to record an outcome while the database is unreachable. Their
 # sum stays well inside a lease, so the lease is still ours when the database returns.
@@ -58,13 +76,14 @@ class Prepared:
     """Seconds left until the step's deadline: no exchange may run past it."""
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Prepared:
-        """The prepared command of a ``dispatcher_step_prepare`` answer."""
+    def from_row(cls, row: DispatcherStepPrepareRow) -> Prepared:
+        """The prepared command of a ``dispatcher_step_prepare`` answer (written)."""
+        assert row.attempts is not None and row.first_of_run is not None  # when written
         return cls(
-            attempts=int(row["attempts"]),
-            first_of_run=bool(row["first_of_run"]),
-            since_admission=float(row["since_admission"] or 0.0),
-            deadline_in=None if row["deadline_in"] is None else float(row["deadline_in"]),
+            attempts=row.attempts,
+            first_of_run=row.first_of_run,
+            since_admission=row.since_admission or 0.0,
+            deadline_in=row.deadline_in,
         )
 
 
@@ -136,17 +155,17 @@ class Settler:
     async def _transition(
         self,
         claimed: Claimed,
-        write: Callable[[asyncpg.Connection], Awaitable[Record | None]],
-    ) -> tuple[Transition, Record]:
+        write: Callable[[asyncpg.Connection], Awaitable[R | None]],
+    ) -> tuple[Transition, R]:
         """One transition function's call (``write``), in a statement of its own, retried
         while the database is away; answers its outcome and row. An outcome that moved
         nothing is logged here, in one line that says why."""
 
-        async def attempt() -> tuple[Transition, Record]:
+        async def attempt() -> tuple[Transition, R]:
             async with statement(self.store) as conn:
                 row = await write(conn)
                 assert row is not None  # a transition function answers one row
-                outcome = Transition(row["outcome"])
+                outcome = Transition(row.outcome)
                 if outcome is Transition.LEASE_LOST:
                     await self._report_lost(conn, claimed)
             return outcome, row
@@ -163,7 +182,7 @@ class Settler:
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> DispatcherStepSettleRow | None:
             return await self.store.queries.dispatcher_step_settle(
                 conn,
                 run_id=claimed.run_id,
@@ -199,7 +218,7 @@ class Settler:
         miss fails the run ``deadline-exceeded``.
         """
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> DispatcherStepRetryRow | None:
             return await self.store.queries.dispatcher_step_retry(
                 conn,
                 run_id=claimed.run_id,
@@ -212,7 +231,7 @@ class Settler:
         outcome, row = await self._transition(claimed, write)
         if not outcome.moved:
             return outcome
-        run_state, due_at = row["run_state"], row["due_at"]
+        run_state, due_at = row.run_state, row.due_at
         if due_at is None:
             what = (
                 "the retry would miss its deadline: failed, the run failed deadline-exceeded"
@@ -233,7 +252,7 @@ class Settler:
         ``timeout_at``; the run is waiting (``step_wait``), in one statement. An abandoned
         step waits for nothing: it ends cancelled. Answers what it did."""
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> DispatcherStepWaitRow | None:
             return await self.store.queries.dispatcher_step_wait(
                 conn,
                 run_id=claimed.run_id,
@@ -265,7 +284,7 @@ class Settler:
         run is waiting. An abandoned step ends cancelled instead. Answers what it did: the
         read goes ahead only on ``written``."""
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> WaitsPlanCheckRow | None:
             return await self.store.queries.waits_plan_check(
                 conn,
                 run_id=claimed.run_id,
@@ -311,7 +330,7 @@ class Settler:
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> WaitsRecordReadRow | None:
             return await self.store.queries.waits_record_read(
                 conn,
                 run_id=claimed.run_id,
@@ -335,7 +354,7 @@ class Settler:
         outcome, row = await self._transition(claimed, write)
         if not outcome.moved:
             return outcome
-        if row["ended"] and completing is not None:
+        if row.ended and completing is not None:
             if outcome is Transition.WRITTEN and completing.way is not None:
                 self.steps_done_inline += len(completing.way.passed)
             what = completing.describe(outcome)
@@ -361,7 +380,7 @@ class Settler:
         if cause_status is not None and cause != "status-5xx":
             raise ValueError("a cause status goes with status-5xx only")
 
-        async def write(conn: asyncpg.Connection) -> Record | None:
+        async def write(conn: asyncpg.Connection) -> DispatcherStepUncertainRow | None:
             return await self.store.queries.dispatcher_step_uncertain(
                 conn,
                 run_id=claimed.run_id,
@@ -374,7 +393,7 @@ class Settler:
         outcome, row = await self._transition(claimed, write)
         if not outcome.moved:
             return outcome
-        run_state = row["run_state"]
+        run_state = row.run_state
         if outcome is Transition.RUN_ENDED:
             what = "the run had ended"
         elif run_state == "cancelled":
@@ -421,7 +440,7 @@ class Settler:
                 deadline_seconds=deadline_seconds,
             )
             assert row is not None  # step_prepare answers one row
-            outcome = Transition(row["outcome"])
+            outcome = Transition(row.outcome)
             if outcome is Transition.LEASE_LOST:
                 await self._report_lost(conn, claimed)
         if outcome is Transition.WRITTEN:

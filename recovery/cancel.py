@@ -67,9 +67,9 @@ async def cancel(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:
             on_cancel_type=on_cancel_type,
         )
         assert row is not None  # one call: always one row
-        if row["outcome"] == Transition.RUN_ENDED:
+        if row.outcome == Transition.RUN_ENDED:
             raise _ended()
-        result = str(row["run_state"])
+        result = str(row.run_state)
         await resolve_snapshot(conn, env, run_id, None, "cancel", overwrite=False)
         await log_action(conn, env, run_id, "cancel", reason)
         return await answer(conn, env, run_id, result)

@@ -140,7 +140,7 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
                 conn, run_id=run_id, step_id=step.step_id, row_version=step.row_version
             )
             assert row is not None  # one call: always one row
-            _refuse_changed(row["outcome"])
+            _refuse_changed(row.outcome)
             result = "not-sent"
         await resolve_snapshot(conn, env, run_id, step.step_id, "reconciled", overwrite=True)
         await log_action(conn, env, run_id, "reconcile", reason)
@@ -188,5 +188,5 @@ async def _accepted(
         **vars(settlement.arguments(env.keyring, env.namespace, run.id)),
     )
     assert row is not None  # one call: always one row
-    _refuse_changed(row["outcome"])
+    _refuse_changed(row.outcome)
     return "mapping-invalid" if settlement.failure is not None else "accepted"

@@ -37,6 +37,7 @@ from typing import Any, Final
 import asyncpg
 
 from core.codes import Code
+from core.db.statements import RecoveryStepPollRow
 from core.errors import CoordinatorError
 from core.states import StepState, Transition
 from core.workflow.catalogue import DAY, connection_type
@@ -149,12 +150,13 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
             conn, run_id=run_id, step_id=step.step_id, row_version=step.row_version
         )
         assert row is not None  # one call: always one row
-        outcome = Transition(row["outcome"])
+        outcome = Transition(row.outcome)
         if outcome is not Transition.WRITTEN:
             raise _REFUSALS[outcome]()
         await resolve_snapshot(conn, env, run_id, step.step_id, "retry", overwrite=True)
         await log_action(conn, env, run_id, "retry-same", reason)
-        return int(row["attempts"])
+        assert row.attempts is not None  # when written
+        return row.attempts
 
     attempts = await in_transaction(env, make_ready)
     result = await _verdict(env, run_id, step.step_id, attempts)
@@ -162,15 +164,15 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
         return await answer(conn, env, run_id, result)
 
 
-def _judge(row: asyncpg.Record | None, attempts: int) -> str | None:
+def _judge(row: RecoveryStepPollRow | None, attempts: int) -> str | None:
     """The dispatcher's verdict on the resend from the step row, or ``None`` while pending."""
     if row is None:
         return None
-    state = str(row["state"])
+    state = row.state
     verdict = _VERDICTS.get(state)
     if verdict is not None:
         return verdict
-    if state == StepState.READY and int(row["attempts"]) > attempts:
+    if state == StepState.READY and row.attempts > attempts:
         # Sent, answered "not processed, try later": due again after a backoff.
         return "retrying"
     return None

@@ -21,6 +21,7 @@ import asyncpg
 from core import clock
 from core.bindings import refuse_run_conflict
 from core.codes import Code
+from core.db.statements import RecoveryActionRunRow, RecoveryHeldStepRow
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.payloads import transaction
@@ -56,17 +57,17 @@ class ActionRun:
     execution_hold: bool
 
     @classmethod
-    def from_row(cls, row: asyncpg.Record) -> ActionRun:
+    def from_row(cls, row: RecoveryActionRunRow) -> ActionRun:
         """The run of a ``recovery_action_run`` row."""
         return cls(
-            id=str(row["id"]),
-            package_digest=str(row["package_digest"]),
-            state=str(row["state"]),
-            created_at=row["created_at"],
-            ended=bool(row["ended"]),
-            erased=bool(row["erased"]),
-            now=row["now"],
-            execution_hold=bool(row["execution_hold"]),
+            id=row.id,
+            package_digest=row.package_digest,
+            state=row.state,
+            created_at=row.created_at,
+            ended=row.ended,
+            erased=row.erased,
+            now=row.now,
+            execution_hold=bool(row.execution_hold),
         )
 
 
@@ -91,22 +92,21 @@ class HeldStep:
     """Whether a cancel abandoned the step when it was read (``step_abandoned``)."""
 
     @classmethod
-    def from_row(cls, row: asyncpg.Record) -> HeldStep:
+    def from_row(cls, row: RecoveryHeldStepRow) -> HeldStep:
         """The step of a ``recovery_held_step`` row."""
-        payload_id = row["command_payload_id"]
         return cls(
-            step_id=str(row["step_id"]),
-            seq=int(row["seq"]),
-            state=str(row["state"]),
-            attempts=int(row["attempts"]),
-            command_key=None if row["command_key"] is None else str(row["command_key"]),
-            command_payload_id=None if payload_id is None else int(payload_id),
-            started_at=row["started_at"],
-            first_attempt_at=row["first_attempt_at"],
-            deadline_at=row["deadline_at"],
-            updated_at=row["updated_at"],
-            row_version=str(row["row_version"]),
-            abandoned=bool(row["abandoned"]),
+            step_id=row.step_id,
+            seq=row.seq,
+            state=row.state,
+            attempts=row.attempts,
+            command_key=row.command_key,
+            command_payload_id=row.command_payload_id,
+            started_at=row.started_at,
+            first_attempt_at=row.first_attempt_at,
+            deadline_at=row.deadline_at,
+            updated_at=row.updated_at,
+            row_version=row.row_version,
+            abandoned=row.abandoned,
         )
 
     def key(self, env: RecoveryEnv, run_id: str) -> str:

@@ -93,11 +93,20 @@ _IMPORTS = {
 _RUNS = {"rows": "fetch", "row": "fetchrow", "status": "execute", "value": "fetchval"}
 
 
+def row_class(spec: QuerySpec) -> str:
+    """The name of the frozen dataclass of a query's declared result columns."""
+    return "".join(part.capitalize() for part in spec.name.split("_")) + "Row"
+
+
+def _row_type(spec: QuerySpec) -> str:
+    return row_class(spec) if spec.columns else "Record"
+
+
 def _result_type(spec: QuerySpec) -> str:
     if spec.returns == "rows":
-        return "list[Record]"
+        return f"list[{_row_type(spec)}]"
     if spec.returns == "row":
-        return "Record | None"
+        return f"{_row_type(spec)} | None"
     if spec.returns == "status":
         return "str"
     assert spec.value_type is not None
@@ -137,11 +146,40 @@ def _call(spec: QuerySpec, words: tuple[str, ...], *, method: bool) -> list[str]
         text = f'load()["{spec.name}"]'
     run = _RUNS[spec.returns]
     lines = [*signature, *_docstring(spec.doc, body)]
-    lines.append(f"{body}result: {result} = await conn.{run}(")
+    answer = "records" if spec.columns and spec.returns == "rows" else "record"
+    if spec.columns:
+        raw = "list[Record]" if spec.returns == "rows" else "Record | None"
+        lines.append(f"{body}{answer}: {raw} = await conn.{run}(")
+    else:
+        lines.append(f"{body}result: {result} = await conn.{run}(")
     lines.append(f"{body}    {text},")
     lines += [f"{body}    {p.name}," for p in spec.parameters]
     lines.append(f"{body})")
-    lines.append(f"{body}return result")
+    if spec.columns and spec.returns == "rows":
+        lines.append(f"{body}return [{row_class(spec)}(*record) for record in records]")
+    elif spec.columns:
+        lines.append(f"{body}return None if record is None else {row_class(spec)}(*record)")
+    else:
+        lines.append(f"{body}return result")
+    return lines
+
+
+def _row_classes(specs: list[QuerySpec]) -> list[str]:
+    """A frozen dataclass per query that declares its result columns, in column order (a
+    row is made from a record positionally; the column check keeps the order true)."""
+    lines: list[str] = []
+    for spec in specs:
+        if not spec.columns:
+            continue
+        lines += ["", "", "@dataclass(frozen=True, slots=True)", f"class {row_class(spec)}:"]
+        lines += _docstring(f"A row of ``{spec.name}``.", "    ")
+        lines.append("")
+        for column in spec.columns:
+            lines.append(f"    {column.name}: {column.type.python(accepting=False)}")
+            if column.doc:
+                doc = column.doc[0].upper() + column.doc[1:]
+                end = "" if doc.endswith((".", ";", "?", "!")) else "."
+                lines += _docstring(doc + end, "    ")
     return lines
 
 
@@ -158,12 +196,16 @@ def statements_source() -> str:
             methods += ["", *_call(spec, words, method=True)]
         else:
             functions += ["", "", *_call(spec, words, method=False)]
-    code = "\n".join(methods + functions)
-    standard = sorted(line for word, line in _IMPORTS.items() if re.search(rf"\b{word}\b", code))
+    rows = _row_classes(list(specs.values()))
+    code = "\n".join(rows + methods + functions)
+    standard = [line for word, line in _IMPORTS.items() if re.search(rf"\b{word}\b", code)]
+    if rows:
+        standard.append("from dataclasses import dataclass")
+    standard.sort()
     ours = "Queries, load" if functions else "Queries"
     lines = [STATEMENTS_HEADER, *standard, *([""] if standard else [])]
     lines += ["from asyncpg import Connection, Record", ""]
-    lines += [f"from core.db.queries import {ours}", "", "", "class Statements(Queries):"]
+    lines += [f"from core.db.queries import {ours}", *rows, "", "", "class Statements(Queries):"]
     lines.append('    """The named queries of one namespace, each as a typed call."""')
     lines += methods
     lines += functions

@@ -116,7 +116,10 @@ def identifier_words(sql: str) -> tuple[str, ...]:
 #   -- $4 names (text[], null items)         a list whose items may be null
 #   -- $5 reason (text, null): ...           a value that may be null
 #   -- returns: rows | row | status | value (bigint[, null])
+#   -- column state (text): what it is       after rows or row: each result column, in
+#   -- column ended_at (timestamptz, null)   order; the call then answers a typed row
 _PARAMETER_LINE = re.compile(r"^-- \$([1-9][0-9]*) ([a-z][a-z0-9_]*) \(([^)]*)\)(?::.*)?$")
+_COLUMN_LINE = re.compile(r"^-- column ([a-z][a-z0-9_]*) \(([^)]*)\)(?::(.*))?$")
 _RETURNS_LINE = re.compile(r"^-- returns: (rows|row|status|value \(([^)]*)\))\s*$")
 _RESERVED = frozenset({"conn", "self", "cls"}) | frozenset(keyword.kwlist)
 
@@ -182,6 +185,15 @@ class Parameter:
 
 
 @dataclass(frozen=True)
+class Column:
+    """One result column of a query that answers rows, as its header names and types it."""
+
+    name: str
+    type: SqlType
+    doc: str = ""
+
+
+@dataclass(frozen=True)
 class QuerySpec:
     """What a query's header says: its prose, its parameters and what it returns."""
 
@@ -191,6 +203,9 @@ class QuerySpec:
     returns: str
     """``rows``, ``row``, ``status`` or ``value``."""
     value_type: SqlType | None
+    columns: tuple[Column, ...] = ()
+    """The result columns the header declares, in order (rows and row only; none
+    declared: the call answers asyncpg's ``Record``)."""
 
 
 def query_spec(name: str, sql: str) -> QuerySpec:
@@ -201,6 +216,7 @@ def query_spec(name: str, sql: str) -> QuerySpec:
     if not any(line.startswith("-- returns:") for line in header):
         raise ValueError(f"query {name}: its header has no '-- returns:' line")
     parameters: list[Parameter] = []
+    columns: list[Column] = []
     prose: list[str] = []
     returns: str | None = None
     value_type: SqlType | None = None
@@ -219,6 +235,16 @@ def query_spec(name: str, sql: str) -> QuerySpec:
             if description:
                 end = "" if description.endswith((".", ";", "?", "!")) else "."
                 prose.append(f"``{word}``: {description}{end}")
+        elif line.startswith("-- column "):
+            match = _COLUMN_LINE.match(line)
+            if match is None:
+                raise ValueError(f"query {name}: malformed column line {line!r}")
+            if returns not in ("row", "rows"):
+                raise ValueError(f"query {name}: columns follow 'returns: row' or 'rows'")
+            if match[1] in _RESERVED or match[1] in {c.name for c in columns}:
+                raise ValueError(f"query {name}: column name {match[1]!r} is taken")
+            kind = SqlType.parse(match[2], f"query {name}")
+            columns.append(Column(match[1], kind, (match[3] or "").strip()))
         elif line.startswith("-- returns:"):
             match = _RETURNS_LINE.match(line)
             if match is None or returns is not None:
@@ -233,7 +259,7 @@ def query_spec(name: str, sql: str) -> QuerySpec:
     if len(parameters) != used:
         raise ValueError(f"query {name}: uses {used} parameters, names {len(parameters)}")
     doc = " ".join(part for part in prose if part)
-    return QuerySpec(name, doc, tuple(parameters), returns, value_type)
+    return QuerySpec(name, doc, tuple(parameters), returns, value_type, tuple(columns))
 
 
 def parse_query_file(text: str, origin: str) -> dict[str, str]:

@@ -12,11 +12,210 @@ a function of this module. Each takes the connection, then its parameters by key
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from asyncpg import Connection, Record
 
 from core.db.queries import Queries, load
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherClaimRow:
+    """A row of ``dispatcher_claim``."""
+
+    run_id: str
+    step_id: str
+    seq: int
+    step_type: str
+    state: str
+    attempts: int
+    command_payload_id: int | None
+    command_key: str | None
+    lease_epoch: int | None
+    past_deadline: bool
+    now: datetime
+    package_digest: str
+    created_at: datetime
+    abandoned: bool
+    ended: bool
+    scope_step_ids: list[str] | None
+    scope_purposes: list[str] | None
+    scope_key_versions: list[int] | None
+    scope_nonces: list[bytes] | None
+    scope_ciphertexts: list[bytes] | None
+    bindings: str | None
+    command_run_id: str | None
+    command_purpose: str | None
+    command_key_version: int | None
+    command_nonce: bytes | None
+    command_ciphertext: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherExpireLeasesRow:
+    """A row of ``dispatcher_expire_leases``."""
+
+    released: int
+    uncertain: int
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherNextWakeRow:
+    """A row of ``dispatcher_next_wake``."""
+
+    due_in: float | None
+    lease_in: float | None
+    execution_hold: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepPrepareRow:
+    """A row of ``dispatcher_step_prepare``."""
+
+    outcome: str
+    attempts: int | None
+    first_of_run: bool | None
+    since_admission: float | None
+    deadline_in: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepRetryRow:
+    """A row of ``dispatcher_step_retry``."""
+
+    outcome: str
+    run_state: str | None
+    due_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepSentNothingRow:
+    """A row of ``dispatcher_step_sent_nothing``."""
+
+    due_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepSettleRow:
+    """A row of ``dispatcher_step_settle``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepUncertainRow:
+    """A row of ``dispatcher_step_uncertain``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepUnprepareRow:
+    """A row of ``dispatcher_step_unprepare``."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStepWaitRow:
+    """A row of ``dispatcher_step_wait``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryActionRunRow:
+    """A row of ``recovery_action_run``."""
+
+    id: str
+    package_digest: str
+    state: str
+    created_at: datetime
+    ended: bool
+    erased: bool
+    now: datetime
+    execution_hold: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryHeldStepRow:
+    """A row of ``recovery_held_step``."""
+
+    step_id: str
+    seq: int
+    step_type: str
+    state: str
+    attempts: int
+    effect: str | None
+    command_key: str | None
+    command_payload_id: int | None
+    started_at: datetime
+    first_attempt_at: datetime | None
+    deadline_at: datetime | None
+    updated_at: datetime
+    row_version: str
+    abandoned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunCancelRow:
+    """A row of ``recovery_run_cancel``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStepNotSentRow:
+    """A row of ``recovery_step_not_sent``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStepPollRow:
+    """A row of ``recovery_step_poll``."""
+
+    state: str
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStepRetrySameRow:
+    """A row of ``recovery_step_retry_same``."""
+
+    outcome: str
+    attempts: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryStepSettleRow:
+    """A row of ``recovery_step_settle``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitsPlanCheckRow:
+    """A row of ``waits_plan_check``."""
+
+    outcome: str
+    run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitsRecordReadRow:
+    """A row of ``waits_record_read``."""
+
+    outcome: str
+    run_state: str | None
+    ended: bool | None
 
 
 class Statements(Queries):
@@ -296,7 +495,7 @@ class Statements(Queries):
         owner: str,
         limit: int,
         lease_seconds: float,
-    ) -> list[Record]:
+    ) -> list[DispatcherClaimRow]:
         """Lease up to limit due, unclaimed steps of runs that have not ended to owner for
         lease_seconds, oldest due first, skipping rows another dispatcher is claiming. Claims
         nothing while the execution hold is set. The lease records the current hold epoch,
@@ -313,20 +512,20 @@ class Statements(Queries):
         taking the leases. ``limit``: at most this many steps. ``lease_seconds``: how long
         each lease lasts.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["dispatcher_claim"],
             owner,
             limit,
             lease_seconds,
         )
-        return result
+        return [DispatcherClaimRow(*record) for record in records]
 
     async def dispatcher_expire_leases(
         self,
         conn: Connection,
         *,
         limit: int,
-    ) -> Record | None:
+    ) -> DispatcherExpireLeasesRow | None:
         """Find up to limit leases that expired and end each (step_lease_end in transitions.sql):
         a step whose command was prepared (and so may have been sent by the holder that
         vanished) becomes uncertain with cause lease-expired and holds its run for an
@@ -336,11 +535,11 @@ class Statements(Queries):
         Answers how many leases were released and how many steps became uncertain. ``limit``:
         at most this many leases.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_expire_leases"],
             limit,
         )
-        return result
+        return None if record is None else DispatcherExpireLeasesRow(*record)
 
     async def dispatcher_hold_epoch(
         self,
@@ -378,7 +577,7 @@ class Statements(Queries):
     async def dispatcher_next_wake(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> DispatcherNextWakeRow | None:
         """When the dispatcher next has something to do: seconds until the earliest due,
         unclaimed step of a live run and until the earliest lease expiry (each null when there
         is none; negative when already past), and whether the execution hold is set. The
@@ -386,10 +585,10 @@ class Statements(Queries):
         run, so an idle look costs the same with thousands of runs waiting as with none (min()
         over the join would read every waiting step).
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_next_wake"],
         )
-        return result
+        return None if record is None else DispatcherNextWakeRow(*record)
 
     async def dispatcher_step_prepare(
         self,
@@ -404,7 +603,7 @@ class Statements(Queries):
         ciphertext: bytes | None,
         command_key: str,
         deadline_seconds: int,
-    ) -> Record | None:
+    ) -> DispatcherStepPrepareRow | None:
         """Commit the command of a call step leased to owner as prepared before it is sent: the
         stored command payload_id of an earlier attempt, or the sealed command (key_version,
         nonce, ciphertext), under command_key with deadline_seconds. One call of step_prepare
@@ -412,7 +611,7 @@ class Statements(Queries):
         ``payload_id``: the stored command, or null to store the sealed one.
         ``deadline_seconds``: the workflow's deadlineSeconds.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_prepare"],
             run_id,
             step_id,
@@ -424,7 +623,7 @@ class Statements(Queries):
             command_key,
             deadline_seconds,
         )
-        return result
+        return None if record is None else DispatcherStepPrepareRow(*record)
 
     async def dispatcher_step_release(
         self,
@@ -460,7 +659,7 @@ class Statements(Queries):
         owner: str,
         delay: float,
         cause: str | None,
-    ) -> Record | None:
+    ) -> DispatcherStepRetryRow | None:
         """A call step leased to owner was definitely not processed: ready again, due in delay
         seconds, with the same command and key; cause is null, or tls-refused when nothing
         left because the product failed TLS verification (the step keeps it and the run asks
@@ -469,7 +668,7 @@ class Statements(Queries):
         fails the run); always one row, due_at set only when the step is ready again.
         ``cause``: a sent_nothing cause (schema.sql), or null.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_retry"],
             run_id,
             step_id,
@@ -477,7 +676,7 @@ class Statements(Queries):
             delay,
             cause,
         )
-        return result
+        return None if record is None else DispatcherStepRetryRow(*record)
 
     async def dispatcher_step_sent_nothing(
         self,
@@ -489,7 +688,7 @@ class Statements(Queries):
         cause: str,
         delay: float,
         deadline_seconds: int,
-    ) -> Record | None:
+    ) -> DispatcherStepSentNothingRow | None:
         """The owner sent nothing for a call step, for a cause an operator must see (one of
         sent_nothing in schema.sql): the issuer refused its access token (or granted narrower
         scopes than the connection's), token-refused, or the issuer failed TLS verification,
@@ -504,7 +703,7 @@ class Statements(Queries):
         ``cause``: token-refused or tls-refused. ``deadline_seconds``: the workflow's
         deadlineSeconds.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_sent_nothing"],
             run_id,
             step_id,
@@ -513,7 +712,7 @@ class Statements(Queries):
             delay,
             deadline_seconds,
         )
-        return result
+        return None if record is None else DispatcherStepSentNothingRow(*record)
 
     async def dispatcher_step_settle(
         self,
@@ -536,7 +735,7 @@ class Statements(Queries):
         outcome: str | None,
         failure_kind: str | None,
         failure_path: str | None,
-    ) -> Record | None:
+    ) -> DispatcherStepSettleRow | None:
         """Settle a step leased to owner: it ends in state with effect (null keeps the present
         one), keeping the payloads given as parallel arrays; the local steps passed_ids of
         passed_types are passed, then step next_step (of type next_type) is due next, or (with
@@ -544,7 +743,7 @@ class Statements(Queries):
         failure_path. One call of step_settle in transitions.sql, which says what each outcome
         wrote; always one row. ``failure_path``: a JSON pointer.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_settle"],
             run_id,
             step_id,
@@ -564,7 +763,7 @@ class Statements(Queries):
             failure_kind,
             failure_path,
         )
-        return result
+        return None if record is None else DispatcherStepSettleRow(*record)
 
     async def dispatcher_step_uncertain(
         self,
@@ -575,7 +774,7 @@ class Statements(Queries):
         owner: str,
         cause: str,
         cause_status: int | None,
-    ) -> Record | None:
+    ) -> DispatcherStepUncertainRow | None:
         """The command of a call step leased to owner may have been processed: the step waits for
         an operator (cause says how the answer went missing, cause_status is the product's
         status for status-5xx) and its run is held, or ends cancelled when a cancel abandoned
@@ -585,7 +784,7 @@ class Statements(Queries):
         ended). ``cause``: see step.cause in schema.sql. ``cause_status``: the product's
         status for status-5xx, null otherwise.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_uncertain"],
             run_id,
             step_id,
@@ -593,7 +792,7 @@ class Statements(Queries):
             cause,
             cause_status,
         )
-        return result
+        return None if record is None else DispatcherStepUncertainRow(*record)
 
     async def dispatcher_step_unprepare(
         self,
@@ -603,19 +802,19 @@ class Statements(Queries):
         step_id: str,
         owner: str,
         delay: float,
-    ) -> Record | None:
+    ) -> DispatcherStepUnprepareRow | None:
         """The owner gives back a step whose prepared command it knows it never sent: the step is
         ready again (command and key kept), due no sooner than delay seconds from now, and its
         lease ends.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_unprepare"],
             run_id,
             step_id,
             owner,
             delay,
         )
-        return result
+        return None if record is None else DispatcherStepUnprepareRow(*record)
 
     async def dispatcher_step_wait(
         self,
@@ -626,13 +825,13 @@ class Statements(Queries):
         owner: str,
         due_at: datetime | None,
         timeout_at: datetime | None,
-    ) -> Record | None:
+    ) -> DispatcherStepWaitRow | None:
         """A step leased to owner waits: due at due_at, timing out at timeout_at (a timeout
         already set is kept when that is null); its run is waiting. One call of step_wait in
         transitions.sql, which says what each outcome wrote (an abandoned step ends
         cancelled); always one row. ``due_at``: null when only an outside event can wake it.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["dispatcher_step_wait"],
             run_id,
             step_id,
@@ -640,7 +839,7 @@ class Statements(Queries):
             due_at,
             timeout_at,
         )
-        return result
+        return None if record is None else DispatcherStepWaitRow(*record)
 
     async def dispatcher_token_refusal_clear(
         self,
@@ -757,15 +956,15 @@ class Statements(Queries):
         conn: Connection,
         *,
         run_id: str,
-    ) -> Record | None:
+    ) -> RecoveryActionRunRow | None:
         """A run as a run action needs it, with the namespace's clock and the execution hold. No
         row when there is no such run.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_action_run"],
             run_id,
         )
-        return result
+        return None if record is None else RecoveryActionRunRow(*record)
 
     async def recovery_admission_release(
         self,
@@ -855,19 +1054,19 @@ class Statements(Queries):
         *,
         run_id: str,
         states: Sequence[str],
-    ) -> Record | None:
+    ) -> RecoveryHeldStepRow | None:
         """The newest step of a run in one of the states given: the call an operator acts on,
         with whether a cancel abandoned it (step_abandoned in transitions.sql, decided again
         under the locks by the operator-mode functions). row_version is the row's xmin, which
         every write to the step changes: the action's write names it, and is refused when the
         step changed since.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_held_step"],
             run_id,
             states,
         )
-        return result
+        return None if record is None else RecoveryHeldStepRow(*record)
 
     async def recovery_hold_lock(
         self,
@@ -1048,18 +1247,18 @@ class Statements(Queries):
         run_id: str,
         on_cancel: str | None,
         on_cancel_type: str | None,
-    ) -> Record | None:
+    ) -> RecoveryRunCancelRow | None:
         """Cancel a run: one call of run_cancel in transitions.sql, which says what it wrote;
         always one row (outcome run-ended: the run had ended, nothing written). ``on_cancel``:
         the workflow's onCancel step. ``on_cancel_type``: its type.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_run_cancel"],
             run_id,
             on_cancel,
             on_cancel_type,
         )
-        return result
+        return None if record is None else RecoveryRunCancelRow(*record)
 
     async def recovery_run_list(
         self,
@@ -1219,18 +1418,18 @@ class Statements(Queries):
         run_id: str,
         step_id: str,
         row_version: str,
-    ) -> Record | None:
+    ) -> RecoveryStepNotSentRow | None:
         """The product proved it never received an operator's step's command: one call of
         step_operator_not_sent in transitions.sql, which says what each outcome wrote; always
         one row. ``row_version``: the step's version as recovery_held_step read it.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_step_not_sent"],
             run_id,
             step_id,
             row_version,
         )
-        return result
+        return None if record is None else RecoveryStepNotSentRow(*record)
 
     async def recovery_step_poll(
         self,
@@ -1238,14 +1437,14 @@ class Statements(Queries):
         *,
         run_id: str,
         step_id: str,
-    ) -> Record | None:
+    ) -> RecoveryStepPollRow | None:
         """What became of a step after a retry-same: its state and how many times it was sent."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_step_poll"],
             run_id,
             step_id,
         )
-        return result
+        return None if record is None else RecoveryStepPollRow(*record)
 
     async def recovery_step_retry_same(
         self,
@@ -1254,19 +1453,19 @@ class Statements(Queries):
         run_id: str,
         step_id: str,
         row_version: str,
-    ) -> Record | None:
+    ) -> RecoveryStepRetrySameRow | None:
         """Make an operator's step ready to be sent again with its stored command and key: one
         call of step_retry_same in transitions.sql, which says what each outcome wrote; always
         one row, attempts set when written. ``row_version``: the step's version as
         recovery_held_step read it.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_step_retry_same"],
             run_id,
             step_id,
             row_version,
         )
-        return result
+        return None if record is None else RecoveryStepRetrySameRow(*record)
 
     async def recovery_step_settle(
         self,
@@ -1289,14 +1488,14 @@ class Statements(Queries):
         outcome: str | None,
         failure_kind: str | None,
         failure_path: str | None,
-    ) -> Record | None:
+    ) -> RecoveryStepSettleRow | None:
         """Settle an operator's step in operator mode, with step_settle's arguments after its
         owner: one call of step_operator_settle in transitions.sql, which says what each
         outcome wrote (changed: the step is no longer the version read, nothing written);
         always one row. ``row_version``: the step's version as recovery_held_step read it.
         ``failure_path``: a JSON pointer.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_step_settle"],
             run_id,
             step_id,
@@ -1316,7 +1515,7 @@ class Statements(Queries):
             failure_kind,
             failure_path,
         )
-        return result
+        return None if record is None else RecoveryStepSettleRow(*record)
 
     async def recovery_token_refusals(
         self,
@@ -1431,7 +1630,7 @@ class Statements(Queries):
         timeout_seconds: float | None,
         delay: float,
         entering: bool,
-    ) -> Record | None:
+    ) -> WaitsPlanCheckRow | None:
         """Before reading the result for a wait-for step leased to owner: the step is waiting,
         found by the keyed digest match, times out timeout_seconds from now (null for no
         timeout; kept when one is set already), its following check delay seconds from now,
@@ -1440,7 +1639,7 @@ class Statements(Queries):
         ``timeout_seconds``: null for no timeout. ``entering``: the step has just started
         waiting.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["waits_plan_check"],
             run_id,
             step_id,
@@ -1450,7 +1649,7 @@ class Statements(Queries):
             delay,
             entering,
         )
-        return result
+        return None if record is None else WaitsPlanCheckRow(*record)
 
     async def waits_record_read(
         self,
@@ -1472,7 +1671,7 @@ class Statements(Queries):
         next_type: str | None,
         run_state: str | None,
         outcome: str | None,
-    ) -> Record | None:
+    ) -> WaitsRecordReadRow | None:
         """Record a read of a wait-for step leased to owner: with ends (a decision), or with
         may_time_out once its timeout has come, the wait ends and the step completes with the
         payloads and the way on given (as dispatcher_step_settle takes them); otherwise the
@@ -1482,7 +1681,7 @@ class Statements(Queries):
         whether the wait ended. ``ends``: the read brought a decision. ``may_time_out``: the
         step has an onTimeout path.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["waits_record_read"],
             run_id,
             step_id,
@@ -1501,7 +1700,7 @@ class Statements(Queries):
             run_state,
             outcome,
         )
-        return result
+        return None if record is None else WaitsRecordReadRow(*record)
 
     async def waits_wake(
         self,

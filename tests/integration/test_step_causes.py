@@ -226,7 +226,7 @@ async def test_an_operator_keeps_the_cause_while_the_effect_is_unknown(
         made = await q.recovery_step_retry_same(
             conn, run_id=run_id, step_id="send", row_version=version
         )
-        assert made is not None and made["outcome"] == "written"
+        assert made is not None and made.outcome == "written"
     step = await inspected_step(recovery_store, run_id)
     assert (step["state"], step["effect"], step["cause"]) == (
         "ready",
@@ -257,7 +257,7 @@ async def test_a_receipt_proving_the_command_never_arrived_clears_the_cause(
         made = await q.recovery_step_not_sent(
             conn, run_id=run_id, step_id="send", row_version=version
         )
-        assert made is not None and made["outcome"] == "written"
+        assert made is not None and made.outcome == "written"
     row = await kit.step(run_id, "send")
     assert (row["state"], row["effect"], row["cause"], row["cause_status"]) == (
         "not-sent",

@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from core.codes import Code
+from core.db.statements import DispatcherStepSettleRow
 from core.errors import CoordinatorError
 from core.states import Transition
 from dispatcher import settle
@@ -68,9 +69,9 @@ def flaky(failures: list[BaseException], *, epoch: int = 3) -> FlakySettler:
 
 
 def answering(outcome: str) -> Any:
-    async def write(conn: Any) -> dict[str, Any]:
+    async def write(conn: Any) -> DispatcherStepSettleRow:
         assert conn == "conn"
-        return {"outcome": outcome}
+        return DispatcherStepSettleRow(outcome, None)
 
     return write
 
@@ -85,7 +86,7 @@ async def test_an_outcome_is_recorded_after_outages_and_a_deadlock() -> None:
         ]
     )
     outcome, row = await settler._transition(CLAIMED, answering("written"))
-    assert (outcome, row) == (Transition.WRITTEN, {"outcome": "written"})
+    assert (outcome, row) == (Transition.WRITTEN, DispatcherStepSettleRow("written", None))
     assert settler.opened == 4
     assert settler.slept == list(STORE_RETRY_DELAYS[:3])
 

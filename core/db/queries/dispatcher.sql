@@ -39,6 +39,32 @@
 -- $2 limit (integer): at most this many steps
 -- $3 lease_seconds (float8): how long each lease lasts
 -- returns: rows
+-- column run_id (text)
+-- column step_id (text)
+-- column seq (integer)
+-- column step_type (text)
+-- column state (text)
+-- column attempts (integer)
+-- column command_payload_id (bigint, null)
+-- column command_key (text, null)
+-- column lease_epoch (bigint, null)
+-- column past_deadline (boolean)
+-- column now (timestamptz)
+-- column package_digest (text)
+-- column created_at (timestamptz)
+-- column abandoned (boolean)
+-- column ended (boolean)
+-- column scope_step_ids (text[], null)
+-- column scope_purposes (text[], null)
+-- column scope_key_versions (integer[], null)
+-- column scope_nonces (bytea[], null)
+-- column scope_ciphertexts (bytea[], null)
+-- column bindings (text, null)
+-- column command_run_id (text, null)
+-- column command_purpose (text, null)
+-- column command_key_version (integer, null)
+-- column command_nonce (bytea, null)
+-- column command_ciphertext (bytea, null)
 WITH h AS (
     SELECT epoch FROM {{ns}}.hold WHERE NOT execution_hold
 ), due AS (
@@ -111,6 +137,8 @@ SELECT cl.run_id, cl.step_id, cl.seq, cl.step_type, cl.state, cl.attempts,
 -- Answers how many leases were released and how many steps became uncertain.
 -- $1 limit (integer): at most this many leases
 -- returns: row
+-- column released (bigint)
+-- column uncertain (bigint)
 SELECT count(*) AS released, count(*) FILTER (WHERE x.state = 'uncertain') AS uncertain
   FROM (SELECT s.run_id, s.step_id
           FROM {{ns}}.step s
@@ -128,6 +156,9 @@ SELECT count(*) AS released, count(*) FILTER (WHERE x.state = 'uncertain') AS un
 -- look costs the same with thousands of runs waiting as with none (min() over the join
 -- would read every waiting step).
 -- returns: row
+-- column due_in (float8, null)
+-- column lease_in (float8, null)
+-- column execution_hold (boolean, null)
 SELECT extract(epoch FROM (
            SELECT s.due_at
              FROM {{ns}}.step s
@@ -170,6 +201,7 @@ SELECT epoch FROM {{ns}}.hold;
 -- $3 owner (text)
 -- $4 delay (float8)
 -- returns: row
+-- column state (text)
 UPDATE {{ns}}.step
    SET state = CASE WHEN state = 'prepared' THEN 'ready' ELSE state END,
        due_at = CASE
@@ -200,6 +232,7 @@ RETURNING state;
 -- $5 delay (float8)
 -- $6 deadline_seconds (integer): the workflow's deadlineSeconds
 -- returns: row
+-- column due_at (timestamptz)
 WITH r AS (
     SELECT id FROM {{ns}}.run WHERE id = $1 FOR NO KEY UPDATE
 ), withheld AS (
@@ -277,6 +310,8 @@ SELECT x.state
 -- $4 cause (text): see step.cause in schema.sql
 -- $5 cause_status (integer, null): the product's status for status-5xx, null otherwise
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_retry
@@ -292,6 +327,9 @@ SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 -- $4 delay (float8)
 -- $5 cause (text, null): a sent_nothing cause (schema.sql), or null
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
+-- column due_at (timestamptz, null)
 SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_wait
@@ -305,6 +343,8 @@ SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
 -- $4 due_at (timestamptz, null): null when only an outside event can wake it
 -- $5 timeout_at (timestamptz, null)
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state FROM {{ns}}.step_wait($1, $2, $3, $4, $5);
 
 -- name: dispatcher_step_prepare
@@ -322,6 +362,11 @@ SELECT outcome, run_state FROM {{ns}}.step_wait($1, $2, $3, $4, $5);
 -- $8 command_key (text)
 -- $9 deadline_seconds (integer): the workflow's deadlineSeconds
 -- returns: row
+-- column outcome (text)
+-- column attempts (integer, null)
+-- column first_of_run (boolean, null)
+-- column since_admission (float8, null)
+-- column deadline_in (float8, null)
 SELECT outcome, attempts, first_of_run, since_admission, deadline_in
   FROM {{ns}}.step_prepare($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
@@ -350,6 +395,8 @@ SELECT outcome, attempts, first_of_run, since_admission, deadline_in
 -- $16 failure_kind (text, null)
 -- $17 failure_path (text, null): a JSON pointer
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state
   FROM {{ns}}.step_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
                           $16, $17);

@@ -28,6 +28,14 @@
 -- row when there is no such run.
 -- $1 run_id (text)
 -- returns: row
+-- column id (text)
+-- column package_digest (text)
+-- column state (text)
+-- column created_at (timestamptz)
+-- column ended (boolean)
+-- column erased (boolean)
+-- column now (timestamptz)
+-- column execution_hold (boolean, null)
 SELECT r.id, r.package_digest, r.state, r.created_at,
        r.ended_at IS NOT NULL AS ended,
        r.erased_at IS NOT NULL AS erased,
@@ -45,6 +53,20 @@ SELECT r.id, r.package_digest, r.state, r.created_at,
 -- $1 run_id (text)
 -- $2 states (text[])
 -- returns: row
+-- column step_id (text)
+-- column seq (integer)
+-- column step_type (text)
+-- column state (text)
+-- column attempts (integer)
+-- column effect (text, null)
+-- column command_key (text, null)
+-- column command_payload_id (bigint, null)
+-- column started_at (timestamptz)
+-- column first_attempt_at (timestamptz, null)
+-- column deadline_at (timestamptz, null)
+-- column updated_at (timestamptz)
+-- column row_version (text)
+-- column abandoned (boolean)
 SELECT s.step_id, s.seq, s.step_type, s.state, s.attempts, s.effect, s.command_key,
        s.command_payload_id, s.started_at, s.first_attempt_at, s.deadline_at, s.updated_at,
        s.xmin::text AS row_version,
@@ -97,6 +119,8 @@ SELECT step_id, purpose, key_version, nonce, ciphertext
 -- $16 failure_kind (text, null)
 -- $17 failure_path (text, null): a JSON pointer
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state
   FROM {{ns}}.step_operator_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
                                    $14, $15, $16, $17);
@@ -109,6 +133,8 @@ SELECT outcome, run_state
 -- $2 step_id (text)
 -- $3 row_version (text): the step's version as recovery_held_step read it
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state FROM {{ns}}.step_operator_not_sent($1, $2, $3);
 
 -- name: recovery_step_retry_same
@@ -119,6 +145,8 @@ SELECT outcome, run_state FROM {{ns}}.step_operator_not_sent($1, $2, $3);
 -- $2 step_id (text)
 -- $3 row_version (text): the step's version as recovery_held_step read it
 -- returns: row
+-- column outcome (text)
+-- column attempts (integer, null)
 SELECT outcome, attempts FROM {{ns}}.step_retry_same($1, $2, $3);
 
 -- name: recovery_step_poll
@@ -126,6 +154,8 @@ SELECT outcome, attempts FROM {{ns}}.step_retry_same($1, $2, $3);
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- returns: row
+-- column state (text)
+-- column attempts (integer)
 SELECT state, attempts
   FROM {{ns}}.step
  WHERE run_id = $1 AND step_id = $2;
@@ -137,6 +167,8 @@ SELECT state, attempts
 -- $2 on_cancel (text, null): the workflow's onCancel step
 -- $3 on_cancel_type (text, null): its type
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state FROM {{ns}}.run_cancel($1, $2, $3);
 
 -- name: recovery_snapshot_resolve

@@ -31,6 +31,8 @@
 -- $6 delay (float8)
 -- $7 entering (boolean): the step has just started waiting
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
 SELECT outcome, run_state FROM {{ns}}.step_plan_check($1, $2, $3, $4, $5, $6, $7);
 
 -- name: waits_record_read
@@ -57,6 +59,9 @@ SELECT outcome, run_state FROM {{ns}}.step_plan_check($1, $2, $3, $4, $5, $6, $7
 -- $15 run_state (text, null)
 -- $16 outcome (text, null)
 -- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
+-- column ended (boolean, null)
 SELECT outcome, run_state, ended
   FROM {{ns}}.step_record_read($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
                                $15, $16);
