@@ -35,7 +35,7 @@ import hmac
 import json
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import asyncpg
 
@@ -44,6 +44,7 @@ from core.callers import Caller
 from core.canonical import canonical_json
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config, seal
+from core.db.statements import AdmissionGateRow, AdmissionStartRow
 from core.errors import CoordinatorError
 from core.payloads import statement
 from core.runs import RunRecord, StartResult, check_idempotency_key, refuse_recovery_only
@@ -141,17 +142,53 @@ _REFUSALS: Final[Mapping[StartOutcome, tuple[Code, str]]] = {
 }
 
 
-def _judged(row: asyncpg.Record | None) -> tuple[StartOutcome, asyncpg.Record]:
+_Judged = TypeVar("_Judged", AdmissionStartRow, AdmissionGateRow)
+_Value = TypeVar("_Value")
+
+
+def _judged(row: _Judged | None) -> tuple[StartOutcome, _Judged]:
     """The outcome an ``admission_start`` or ``admission_gate`` row names, with the row;
     the refusal raised when the outcome is one."""
     if row is None:
         raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
-    outcome = StartOutcome(row["start_outcome"])
+    outcome = StartOutcome(row.start_outcome)
     refusal = _REFUSALS.get(outcome)
     if refusal is not None:
         code, detail = refusal
         raise CoordinatorError(code, detail)
     return outcome, row
+
+
+def _present(value: _Value | None) -> _Value:
+    """A run column of an ``admission_start`` row that answers a run (created or known):
+    null only when the row has no run, which a known identity's row never lacks (it
+    references its run)."""
+    if value is None:
+        raise CoordinatorError(Code.RUN_NOT_FOUND, "the run of this start is missing")
+    return value
+
+
+def _answered_run(row: AdmissionStartRow) -> RunRecord:
+    """The run an ``admission_start`` row answers with (its columns are ``run_read``'s,
+    each null when the row answers no run)."""
+    return RunRecord(
+        id=_present(row.id),
+        workflow_id=_present(row.workflow_id),
+        workflow_version=_present(row.workflow_version),
+        package_digest=_present(row.package_digest),
+        principal_iss=_present(row.principal_iss),
+        principal_sub=_present(row.principal_sub),
+        state=_present(row.state),
+        outcome=row.outcome,
+        attention=_present(row.attention),
+        cancelling=_present(row.cancelling),
+        failure_kind=row.failure_kind,
+        failure_path=row.failure_path,
+        failure_step=row.failure_step,
+        created_at=_present(row.created_at),
+        updated_at=_present(row.updated_at),
+        ended_at=row.ended_at,
+    )
 
 
 class Admitter:
@@ -205,12 +242,9 @@ class Admitter:
         outcome, row = _judged(
             await self._decide(caller, workflow, digest, serial, identity, plaintext)
         )
-        if row["id"] is None:  # a known identity's row references its run, so it exists
-            raise CoordinatorError(Code.RUN_NOT_FOUND, "the run of this start is missing")
+        run = _answered_run(row)
         return StartResult(
-            created=outcome is StartOutcome.CREATED,
-            run_id=row["id"],
-            status=RunRecord.from_row(row).status(),
+            created=outcome is StartOutcome.CREATED, run_id=run.id, status=run.status()
         )
 
     async def _fitting(self, workflow: Workflow, serial: int, value: Any) -> bytes:
@@ -235,7 +269,7 @@ class Admitter:
         serial: int,
         identity: str,
         plaintext: bytes,
-    ) -> asyncpg.Record | None:
+    ) -> AdmissionStartRow | None:
         """Run ``admission_start`` for a fitting input: its one row (or none), and the new run
         written when the outcome is created."""
         config = self.runtime.config

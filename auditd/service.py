@@ -106,9 +106,9 @@ async def record_segment(store: Store, journal: Journal) -> None:
         return
     async with store.connection() as conn:
         latest = await store.queries.audit_segment_latest(conn)
-        if latest is not None and latest["fingerprint"] == journal.key_fingerprint:
+        if latest is not None and latest.fingerprint == journal.key_fingerprint:
             return
-        number = 1 if latest is None else int(latest["segment"]) + 1
+        number = 1 if latest is None else latest.segment + 1
         await store.queries.audit_segment_insert(
             conn,
             segment=number,

@@ -292,11 +292,12 @@ def reason(status: Mapping[str, Any], inspection: Mapping[str, Any] | None) -> s
     return "needs an operator"
 
 
-def attention_order(row: Mapping[str, Any]) -> tuple[int, str]:
+def attention_order(entry: Mapping[str, Any]) -> tuple[int, str]:
     """Held runs with an unknown effect first, then other held runs, then the rest; the
-    longest waiting first within each."""
-    status = row["status"]
-    unknown = any(s.get("effect") == "unknown" for s in row["steps"])
+    longest waiting first within each (``entry``: a run's status document and its
+    inspection's steps, from the API)."""
+    status = entry["status"]
+    unknown = any(s.get("effect") == "unknown" for s in entry["steps"])
     rank = (
         0
         if status.get("state") == "held" and unknown

@@ -25,9 +25,9 @@ the token ``audience``, which the contract does not list among a binding's setti
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import asyncpg
 
@@ -38,6 +38,28 @@ from core.errors import CoordinatorError
 from core.runtime import Store
 
 log = logging.getLogger("coordinator.bindings")
+
+
+class BindingRow(Protocol):
+    """A row that reads a ``binding`` row's settings: ``bindings_live``, ``bindings_of_run``
+    and ``recovery_binding_read`` rows (core/db/statements.py)."""
+
+    @property
+    def connection(self) -> str: ...
+    @property
+    def connection_type(self) -> str: ...
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def issuer(self) -> str: ...
+    @property
+    def scopes(self) -> Sequence[str]: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def producer(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -59,17 +81,33 @@ class Binding:
     producer: str | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Binding:
-        """A binding from a ``binding`` row (any query that reads one, ``connection`` too)."""
+    def from_row(cls, row: BindingRow) -> Binding:
+        """A binding from a row that reads a ``binding`` row (``connection`` too)."""
         return cls(
-            connection=str(row["connection"]),
-            type=str(row["connection_type"]),
-            base_url=str(row["base_url"]),
-            client_id=str(row["client_id"]),
-            issuer=str(row["issuer"]),
-            scopes=frozenset(row["scopes"]),
-            profile=str(row["profile"]),
-            producer=None if row["producer"] is None else str(row["producer"]),
+            connection=row.connection,
+            type=row.connection_type,
+            base_url=row.base_url,
+            client_id=row.client_id,
+            issuer=row.issuer,
+            scopes=frozenset(row.scopes),
+            profile=row.profile,
+            producer=row.producer,
+        )
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> Binding:
+        """A binding from a JSON object of a ``binding`` row's columns (the ``bindings``
+        array ``dispatcher_claim`` answers)."""
+        producer = entry["producer"]
+        return cls(
+            connection=str(entry["connection"]),
+            type=str(entry["connection_type"]),
+            base_url=str(entry["base_url"]),
+            client_id=str(entry["client_id"]),
+            issuer=str(entry["issuer"]),
+            scopes=frozenset(entry["scopes"]),
+            profile=str(entry["profile"]),
+            producer=None if producer is None else str(producer),
         )
 
     def setting(self, name: str) -> str | None:
@@ -135,7 +173,7 @@ class Conflict:
         return f"connection '{self.connection}': {', '.join(self.settings)}"
 
 
-def conflicts_in(config: RuntimeConfig, rows: Sequence[Mapping[str, Any]]) -> list[Conflict]:
+def conflicts_in(config: RuntimeConfig, rows: Iterable[BindingRow]) -> list[Conflict]:
     """The conflicts among recorded binding rows."""
     found: dict[str, list[str]] = {}
     for row in rows:
@@ -180,7 +218,7 @@ async def run_conflicts(
 ) -> list[str]:
     """The connections of a run that has not ended whose settings changed (sorted)."""
     rows = await queries.bindings_of_run(conn, run_id=run_id)
-    if not rows or rows[0]["ended"]:
+    if not rows or rows[0].ended:
         return []
     return [conflict.connection for conflict in conflicts_in(config, rows)]
 
@@ -200,6 +238,7 @@ async def refuse_run_conflict(
 
 __all__ = [
     "Binding",
+    "BindingRow",
     "Conflict",
     "configured",
     "conflicts_in",

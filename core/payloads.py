@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import asyncpg
 
@@ -31,6 +32,42 @@ SCOPE_PURPOSES: Final = frozenset({"input", "output", "wait-result"})
 """The payload purposes expressions can read: the input and the values steps kept."""
 
 
+class SealedPayload(Protocol):
+    """A stored sealed payload, what :func:`open_json` opens: a ``payload`` row's
+    ``key_version``, ``nonce`` and ``ciphertext``. A query's row class that reads them
+    (core/db/statements.py), :class:`core.crypto.Sealed` and :class:`ScopeValue` are ones."""
+
+    @property
+    def key_version(self) -> int: ...
+    @property
+    def nonce(self) -> bytes: ...
+    @property
+    def ciphertext(self) -> bytes: ...
+
+
+class ScopePayload(SealedPayload, Protocol):
+    """A sealed payload expressions can read, what :func:`build_scope` takes: with the
+    ``step_id`` it belongs to (``None`` for the run's input) and its ``purpose``. A
+    ``recovery_scope_payloads`` row is one; so is :class:`ScopeValue`."""
+
+    @property
+    def step_id(self) -> str | None: ...
+    @property
+    def purpose(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeValue:
+    """A scope payload taken from a row that carries several (the parallel arrays of
+    ``dispatcher_claim``)."""
+
+    step_id: str | None
+    purpose: str
+    key_version: int
+    nonce: bytes
+    ciphertext: bytes
+
+
 def encode_json(value: Any) -> bytes:
     """The bytes a payload value is sealed as: RFC 8785 canonical JSON."""
     return canonical_json(value)
@@ -42,10 +79,10 @@ def seal_json(keyring: Keyring, namespace: str, run_id: str, purpose: str, value
 
 
 def open_json(
-    keyring: Keyring, namespace: str, run_id: str, purpose: str, row: Mapping[str, Any]
+    keyring: Keyring, namespace: str, run_id: str, purpose: str, payload: SealedPayload
 ) -> Any:
-    """Open a sealed payload row (``key_version``, ``nonce``, ``ciphertext``) as JSON."""
-    sealed = Sealed(int(row["key_version"]), bytes(row["nonce"]), bytes(row["ciphertext"]))
+    """Open a sealed payload (``key_version``, ``nonce``, ``ciphertext``) as JSON."""
+    sealed = Sealed(payload.key_version, payload.nonce, payload.ciphertext)
     plaintext = open_(keyring, namespace, run_id, purpose, sealed)
     try:
         return json.loads(plaintext)
@@ -60,18 +97,18 @@ def build_scope(
     namespace: str,
     run_id: str,
     created_at: datetime,
-    payloads: Iterable[Mapping[str, Any]],
+    payloads: Iterable[ScopePayload],
 ) -> Scope:
-    """What expressions of run ``run_id`` can read, from its sealed scope payload rows
-    (``step_id``, ``purpose``, ``key_version``, ``nonce``, ``ciphertext``, in id order)."""
+    """What expressions of run ``run_id`` can read, from its sealed scope payloads (in id
+    order)."""
     run_input: Any = None
     kept: dict[str, dict[str, Any]] = {}
     for payload in payloads:
-        value = open_json(keyring, namespace, run_id, str(payload["purpose"]), payload)
-        if payload["step_id"] is None:
+        value = open_json(keyring, namespace, run_id, payload.purpose, payload)
+        if payload.step_id is None:
             run_input = value
         elif isinstance(value, dict):
-            kept[str(payload["step_id"])] = value
+            kept[payload.step_id] = value
     return Scope(
         input=run_input,
         steps=kept,

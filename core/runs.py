@@ -29,7 +29,13 @@ import asyncpg
 
 from core.clock import timestamp
 from core.codes import Code
-from core.db.statements import Statements
+from core.db.statements import (
+    RecoveryOperatorActionsRow,
+    RecoveryRunListRow,
+    RunReadRow,
+    RunStepsRow,
+    Statements,
+)
 from core.errors import CoordinatorError
 from core.states import RunState
 
@@ -118,25 +124,25 @@ class RunRecord:
     ended_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> RunRecord:
-        """A record from a ``run_read``-shaped row."""
+    def from_row(cls, row: RunReadRow | RecoveryRunListRow) -> RunRecord:
+        """A record from a ``run_read`` or ``recovery_run_list`` row (the same columns)."""
         return cls(
-            id=row["id"],
-            workflow_id=row["workflow_id"],
-            workflow_version=row["workflow_version"],
-            package_digest=row["package_digest"],
-            principal_iss=row["principal_iss"],
-            principal_sub=row["principal_sub"],
-            state=row["state"],
-            outcome=row["outcome"],
-            attention=bool(row["attention"]),
-            cancelling=bool(row["cancelling"]),
-            failure_kind=row["failure_kind"],
-            failure_path=row["failure_path"],
-            failure_step=row["failure_step"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            ended_at=row["ended_at"],
+            id=row.id,
+            workflow_id=row.workflow_id,
+            workflow_version=row.workflow_version,
+            package_digest=row.package_digest,
+            principal_iss=row.principal_iss,
+            principal_sub=row.principal_sub,
+            state=row.state,
+            outcome=row.outcome,
+            attention=row.attention,
+            cancelling=row.cancelling,
+            failure_kind=row.failure_kind,
+            failure_path=row.failure_path,
+            failure_step=row.failure_step,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            ended_at=row.ended_at,
         )
 
     def status(self) -> dict[str, Any]:
@@ -188,21 +194,21 @@ class StepRecord:
     ended_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> StepRecord:
+    def from_row(cls, row: RunStepsRow) -> StepRecord:
         """A record from a ``run_steps`` row."""
         return cls(
-            step_id=row["step_id"],
-            seq=int(row["seq"]),
-            step_type=row["step_type"],
-            state=row["state"],
-            attempts=int(row["attempts"]),
-            effect=row["effect"],
-            due_at=row["due_at"],
-            next_check_at=row["next_check_at"],
-            timeout_at=row["timeout_at"],
-            checks=int(row["checks"]),
-            started_at=row["started_at"],
-            ended_at=row["ended_at"],
+            step_id=row.step_id,
+            seq=row.seq,
+            step_type=row.step_type,
+            state=row.state,
+            attempts=row.attempts,
+            effect=row.effect,
+            due_at=row.due_at,
+            next_check_at=row.next_check_at,
+            timeout_at=row.timeout_at,
+            checks=row.checks,
+            started_at=row.started_at,
+            ended_at=row.ended_at,
         )
 
     def wait(self) -> dict[str, Any] | None:
@@ -262,9 +268,9 @@ class OperatorActionRecord:
     at: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> OperatorActionRecord:
-        """A record from an ``operator_action`` row."""
-        return cls(kind=row["kind"], reason=row["reason"], at=row["at"])
+    def from_row(cls, row: RecoveryOperatorActionsRow) -> OperatorActionRecord:
+        """A record from a ``recovery_operator_actions`` row."""
+        return cls(kind=row.kind, reason=row.reason, at=row.at)
 
     def document(self) -> dict[str, Any]:
         """``{"kind", "reason", "at"}``."""

@@ -31,9 +31,7 @@ async def store_health(store: Store, timeout: float = HEALTH_TIMEOUT_SECONDS) ->
         reasons.append("store-unavailable")
     activation = store.activation
     activation_ready = (
-        activation is not None
-        and row is not None
-        and int(row["activation_serial"]) == activation.serial
+        activation is not None and row is not None and row.activation_serial == activation.serial
     )
     if activation is None:
         reasons.append("activation-unverified")
@@ -50,11 +48,7 @@ async def refuse_changed_activation(store: Store) -> None:
     async with store.connection() as conn:
         row = await store.queries.deployment_read(conn)
     activation = store.activation
-    if (
-        row is not None
-        and activation is not None
-        and int(row["activation_serial"]) != activation.serial
-    ):
+    if row is not None and activation is not None and row.activation_serial != activation.serial:
         raise CoordinatorError(
             Code.DEPLOYMENT_ACTIVATION_CHANGED,
             "an apply changed the active packages after this service started; restart it",

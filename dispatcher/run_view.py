@@ -19,7 +19,7 @@ from core.bindings import Binding
 from core.codes import Code
 from core.crypto import Keyring
 from core.errors import CoordinatorError
-from core.payloads import build_scope, open_json
+from core.payloads import ScopeValue, build_scope, open_json
 from core.runtime import Store
 from core.workflow.expr import Scope
 from core.workflow.model import Workflow
@@ -40,25 +40,37 @@ class RunView:
     """The run's recorded binding of each connection, by connection name."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredCommand:
+    """The sealed payload a claim named as its step's stored command, with the run and
+    purpose it was stored under (a :class:`core.payloads.SealedPayload`)."""
+
+    run_id: str
+    purpose: str
+    key_version: int
+    nonce: bytes
+    ciphertext: bytes
+
+
 @dataclass(frozen=True)
 class Loaded:
-    """A claimed step's run with the row of the step's stored command (read by the
+    """A claimed step's run with the step's stored command (read by the
     ``dispatcher_claim`` statement that leased the step)."""
 
     run: RunView
-    command_row: Mapping[str, Any] | None
+    stored_command: StoredCommand | None
     """The sealed payload the claim named as the stored command (``None``: none named, or
     no such payload)."""
 
     def command(self, keyring: Keyring, namespace: str) -> Any:
         """The stored command, opened; refused when the payload is missing or not this
         run's command."""
-        row = self.command_row
-        if row is None or row["run_id"] != self.run.id or row["purpose"] != "command":
+        stored = self.stored_command
+        if stored is None or stored.run_id != self.run.id or stored.purpose != "command":
             raise CoordinatorError(
                 Code.STATE_PAYLOAD_UNAUTHENTIC, "the step's command payload is missing"
             )
-        return open_json(keyring, namespace, self.run.id, "command", row)
+        return open_json(keyring, namespace, self.run.id, "command", stored)
 
 
 async def load_claimed(
@@ -68,7 +80,7 @@ async def load_claimed(
     workflows: WorkflowCache,
 ) -> Loaded | None:
     """The run of ``claimed`` with its definition, decrypted scope, bindings and the stored
-    command row, from the claim row; ``None`` when the run ended. The definition is read
+    command, from the claim row; ``None`` when the run ended. The definition is read
     from the database only the first time its package is seen."""
     row = claimed.context
     if row is None:
@@ -84,13 +96,7 @@ async def load_claimed(
     namespace = store.runtime.config.namespace
     created_at = row.created_at
     payloads = [
-        {
-            "step_id": step_id,
-            "purpose": purpose,
-            "key_version": version,
-            "nonce": nonce,
-            "ciphertext": ciphertext,
-        }
+        ScopeValue(step_id, purpose, version, nonce, ciphertext)
         for step_id, purpose, version, nonce, ciphertext in zip(
             row.scope_step_ids or (),
             row.scope_purposes or (),
@@ -106,17 +112,24 @@ async def load_claimed(
         created_at=created_at,
         scope=build_scope(keyring, namespace, run_id, created_at, payloads),
         bindings={
-            str(entry["connection"]): Binding.from_row(entry)
-            for entry in json.loads(row.bindings or "[]")
+            binding.connection: binding
+            for binding in map(Binding.from_json, json.loads(row.bindings or "[]"))
         },
     )
-    command_row = None
-    if row.command_run_id is not None:
-        command_row = {
-            "run_id": row.command_run_id,
-            "purpose": row.command_purpose,
-            "key_version": row.command_key_version,
-            "nonce": row.command_nonce,
-            "ciphertext": row.command_ciphertext,
-        }
-    return Loaded(run, command_row)
+    stored_command = None
+    # The payload columns are null together: the claim's left join found no payload.
+    if (
+        row.command_run_id is not None
+        and row.command_purpose is not None
+        and row.command_key_version is not None
+        and row.command_nonce is not None
+        and row.command_ciphertext is not None
+    ):
+        stored_command = StoredCommand(
+            run_id=row.command_run_id,
+            purpose=row.command_purpose,
+            key_version=row.command_key_version,
+            nonce=row.command_nonce,
+            ciphertext=row.command_ciphertext,
+        )
+    return Loaded(run, stored_command)

@@ -28,7 +28,7 @@ import asyncpg
 
 from core.clock import timestamp
 from core.codes import Code
-from core.db.statements import Statements
+from core.db.statements import RecoveryHoldLockRow, Statements
 from core.errors import CoordinatorError
 from core.payloads import transaction
 from recovery.env import RecoveryEnv
@@ -38,7 +38,7 @@ def _holds(execution: bool, admission: bool) -> dict[str, bool]:
     return {"execution": execution, "admission": admission}
 
 
-async def _lock_holds(conn: asyncpg.Connection, q: Statements) -> asyncpg.Record:
+async def _lock_holds(conn: asyncpg.Connection, q: Statements) -> RecoveryHoldLockRow:
     row = await q.recovery_hold_lock(conn)
     if row is None:
         raise CoordinatorError(Code.SERVICE_UNAVAILABLE, "the namespace has no hold row")
@@ -70,7 +70,7 @@ async def restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
     return {
         "holds": _holds(True, True),
         "epoch": epoch,
-        "snapshot": {"steps": int(snapshot["steps"]), "runs": int(snapshot["runs"])},
+        "snapshot": {"steps": snapshot.steps, "runs": snapshot.runs},
     }
 
 
@@ -79,9 +79,9 @@ async def complete_execution_recovery(env: RecoveryEnv, reference: str) -> dict[
     q = env.store.queries
     async with transaction(env.store) as conn:
         hold = await _lock_holds(conn, q)
-        if not hold["execution_hold"]:
+        if not hold.execution_hold:
             raise _hold_required("the execution hold is not set; there is nothing to recover")
-        epoch = int(hold["epoch"])
+        epoch = hold.epoch
         recovered_at = await q.recovery_execution_recovered(conn, epoch=epoch, reference=reference)
         if recovered_at is None:
             # Only restore-hold opens a recovery record; a hold set any other way has none
@@ -89,7 +89,7 @@ async def complete_execution_recovery(env: RecoveryEnv, reference: str) -> dict[
             raise _hold_required("the execution hold has no recovery record; issue restore-hold")
         await _log(conn, q, "complete-execution-recovery", reference)
     return {
-        "holds": _holds(True, bool(hold["admission_hold"])),
+        "holds": _holds(True, hold.admission_hold),
         "epoch": epoch,
         "executionRecoveredAt": timestamp(recovered_at),
     }
@@ -100,9 +100,9 @@ async def release_restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
     q = env.store.queries
     async with transaction(env.store) as conn:
         hold = await _lock_holds(conn, q)
-        if not hold["execution_hold"]:
+        if not hold.execution_hold:
             raise _hold_required("the execution hold is not set")
-        epoch = int(hold["epoch"])
+        epoch = hold.epoch
         unresolved = int(await q.recovery_snapshot_unresolved(conn, epoch=epoch))
         if unresolved:
             raise CoordinatorError(
@@ -111,14 +111,14 @@ async def release_restore_hold(env: RecoveryEnv, reason: str) -> dict[str, Any]:
                 "leave each for retry-same before releasing",
             )
         record = await q.recovery_record_read(conn, epoch=epoch)
-        if record is None or record["execution_recovered_at"] is None:
+        if record is None or record.execution_recovered_at is None:
             raise CoordinatorError(
                 Code.RESTORE_REVIEW_REQUIRED,
                 "complete-execution-recovery has not been recorded for this hold",
             )
         await q.recovery_execution_release(conn, epoch=epoch, reason=reason)
         await _log(conn, q, "release-restore-hold", reason)
-    return {"holds": _holds(False, bool(hold["admission_hold"])), "epoch": epoch}
+    return {"holds": _holds(False, hold.admission_hold), "epoch": epoch}
 
 
 async def release_admission_hold(env: RecoveryEnv, reference: str) -> dict[str, Any]:
@@ -126,8 +126,8 @@ async def release_admission_hold(env: RecoveryEnv, reference: str) -> dict[str, 
     q = env.store.queries
     async with transaction(env.store) as conn:
         hold = await _lock_holds(conn, q)
-        if hold["execution_hold"]:
+        if hold.execution_hold:
             raise _hold_required("release-restore-hold must lift the execution hold first")
         await q.recovery_admission_release(conn, reference=reference)
         await _log(conn, q, "release-admission-hold", reference)
-    return {"holds": _holds(False, False), "epoch": int(hold["epoch"])}
+    return {"holds": _holds(False, False), "epoch": hold.epoch}

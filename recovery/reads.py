@@ -10,7 +10,7 @@ principal whose runs it may see, and the SQL never shows anything outside that s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -19,7 +19,7 @@ import asyncpg
 from core import clock
 from core.bindings import run_conflicts
 from core.codes import Code
-from core.db.statements import Statements
+from core.db.statements import RunStepsRow, Statements
 from core.errors import CoordinatorError
 from core.metrics import gauge, render
 from core.runs import (
@@ -59,7 +59,7 @@ async def run_owner(store: Store, run_id: str) -> Owner | None:
         row = await store.queries.recovery_run_owner(conn, run_id=run_id)
     if row is None:
         return None
-    return Owner(row["workflow_id"], row["principal_iss"], row["principal_sub"])
+    return Owner(row.workflow_id, row.principal_iss, row.principal_sub)
 
 
 async def status(store: Store, run_id: str) -> dict[str, Any]:
@@ -89,9 +89,7 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         )
         conflicts = await run_conflicts(conn, q, store.runtime.config, run_id)
     holds = (
-        Holds(bool(hold["execution_hold"]), bool(hold["admission_hold"]))
-        if hold
-        else Holds(False, False)
+        Holds(hold.execution_hold, hold.admission_hold) if hold is not None else Holds(False, False)
     )
     document = inspection_document(
         run,
@@ -99,7 +97,7 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         holds,
         [OperatorActionRecord.from_row(row) for row in actions],
     )
-    causes = {row["step_id"]: row for row in step_rows if row["cause"] is not None}
+    causes = {row.step_id: row for row in step_rows if row.cause is not None}
     document["steps"] = [_with_cause(step, causes.get(step["step"])) for step in document["steps"]]
     if conflicts:
         # Only a recovery-only instance serves while a live binding changed (§9.7).
@@ -108,7 +106,7 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
     return document
 
 
-def _with_cause(step: dict[str, Any], row: Mapping[str, Any] | None) -> dict[str, Any]:
+def _with_cause(step: dict[str, Any], row: RunStepsRow | None) -> dict[str, Any]:
     """An inspection step with ``cause`` (and ``causeStatus``) after its effect, when the
     step records why its effect is unknown or why it sent nothing (§8.4). Only the code and
     a status: never a URL, header, body or value."""
@@ -117,9 +115,9 @@ def _with_cause(step: dict[str, Any], row: Mapping[str, Any] | None) -> dict[str
     shown: dict[str, Any] = {}
     for name, value in step.items():
         if name in ("wait", "startedAt") and "cause" not in shown:
-            shown["cause"] = row["cause"]
-            if row["cause_status"] is not None:
-                shown["causeStatus"] = int(row["cause_status"])
+            shown["cause"] = row.cause
+            if row.cause_status is not None:
+                shown["causeStatus"] = row.cause_status
         shown[name] = value
     return shown
 
@@ -218,14 +216,26 @@ async def run_counts(conn: asyncpg.Connection, q: Statements) -> dict[str, int]:
     doctor and the metrics cost the same at a million runs as at ten."""
     row = await q.recovery_run_state_counts(conn, counted_up_to=COUNTED_EXACTLY + 1)
     assert row is not None
-    counts: dict[str, int] = {state: int(row[state]) for state in RUN_STATES}
+    counts: dict[str, int] = {
+        RunState.RUNNING: row.running,
+        RunState.WAITING: row.waiting,
+        RunState.HELD: row.held,
+        RunState.SUCCEEDED: row.succeeded,
+        RunState.FAILED: row.failed,
+        RunState.CANCELLED: row.cancelled,
+    }
     over = [state for state, count in counts.items() if count > COUNTED_EXACTLY]
     if over:
         estimates = await q.recovery_run_state_estimates(conn)
         frequency: dict[str, float] = {}
-        if estimates is not None and estimates["states"] is not None:
-            frequency = dict(zip(estimates["states"], estimates["frequencies"], strict=True))
-        rows = float(estimates["rows"]) if estimates is not None else 0.0
+        # (Both arrays come from the same statistics slot: null together, or neither.)
+        if (
+            estimates is not None
+            and estimates.states is not None
+            and estimates.frequencies is not None
+        ):
+            frequency = dict(zip(estimates.states, estimates.frequencies, strict=True))
+        rows = estimates.rows if estimates is not None else 0.0
         for state in over:
             counts[state] = max(counts[state], round(rows * frequency.get(state, 0.0)))
     return counts
@@ -238,33 +248,37 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
         await clock.apply_to(conn)  # dueJobs compares with SQL now()
         row = await q.recovery_doctor(conn)
         runs = await run_counts(conn, q)
-        versions = [int(r["version"]) for r in await q.state_key_versions_in_use(conn)]
+        versions = [r.version for r in await q.state_key_versions_in_use(conn)]
         refusals = await q.recovery_token_refusals(conn)
     if row is None:
         raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "the namespace records no deployment")
+    # max() over schema_version: null only were no version recorded, which installing the
+    # schema never leaves.
+    schema_version = row.schema_version
+    assert schema_version is not None
     activation = store.activation
-    activation_ready = activation is not None and int(row["activation_serial"]) == activation.serial
+    activation_ready = activation is not None and row.activation_serial == activation.serial
     served = activation.packages if activation is not None else {}
     return {
         "activationReady": activation_ready,
-        "schemaVersion": int(row["schema_version"]),
-        "databaseId": row["database_id"],
+        "schemaVersion": schema_version,
+        "databaseId": row.database_id,
         "workflows": [
             {"id": workflow_id, "digest": served[workflow_id].digest}
             for workflow_id in sorted(served)
         ],
-        "holds": {"execution": row["execution_hold"], "admission": row["admission_hold"]},
+        "holds": {"execution": row.execution_hold, "admission": row.admission_hold},
         "state": {
             "auditReady": audit_ready,
             "storeReady": store.available,
-            "uncertain": int(row["uncertain"]),
+            "uncertain": row.uncertain,
             "held": runs[RunState.HELD],
-            "dueJobs": int(row["due_jobs"]),
+            "dueJobs": row.due_jobs,
             "waiting": runs[RunState.WAITING],
             "stateKeyVersionsInUse": versions,
         },
         # The connection's name and the issuer's error code only (§8.6).
-        "tokenRefusals": [{"connection": r["connection"], "error": r["error"]} for r in refusals],
+        "tokenRefusals": [{"connection": r.connection, "error": r.error} for r in refusals],
         "mode": "recovery-only" if recovery_only else "ordinary",
     }
 
@@ -297,14 +311,14 @@ async def metrics_text(store: Store) -> str:
             gauge(
                 "coordinator_uncertain_steps",
                 "Call steps whose effect is unknown.",
-                [((), int(row["uncertain"]))],
+                [((), row.uncertain)],
             ),
             gauge(
                 "coordinator_holds",
                 "1 while the restore hold is set.",
                 [
-                    (("execution",), int(bool(row["execution_hold"]))),
-                    (("admission",), int(bool(row["admission_hold"]))),
+                    (("execution",), int(row.execution_hold)),
+                    (("admission",), int(row.admission_hold)),
                 ],
                 labels=("hold",),
             ),
@@ -314,7 +328,7 @@ async def metrics_text(store: Store) -> str:
         gauge(
             "coordinator_dispatch_jobs",
             "Due steps no dispatcher has claimed yet.",
-            [((), int(row["due_jobs"]) if row is not None else math.nan)],
+            [((), row.due_jobs if row is not None else math.nan)],
         ),
         gauge(
             "coordinator_store_available",

@@ -38,10 +38,10 @@ async def retain(
         if await q.recovery_retain_check(conn, before=before):
             raise CoordinatorError(Code.REQUEST_INVALID, "/before: the cutoff is later than now")
         if dry_run:
-            rows = await q.recovery_retain_preview(conn, before=before, limit=limit)
-            run_ids = [str(row["id"]) for row in rows]
+            chosen = await q.recovery_retain_preview(conn, before=before, limit=limit)
+            run_ids = [row.id for row in chosen]
             return {"dryRun": True, "erased": 0, "wouldErase": len(run_ids), "runIds": run_ids}
-        rows = await q.recovery_retain(conn, before=before, limit=limit)
+        erased = await q.recovery_retain(conn, before=before, limit=limit)
         await q.recovery_operator_log(conn, run_id=None, kind="retain", reason=None)
-    run_ids = [str(row["id"]) for row in rows]
+    run_ids = [row.id for row in erased]
     return {"erased": len(run_ids), "runIds": run_ids}

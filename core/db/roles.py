@@ -99,11 +99,11 @@ async def ensure_component_roles(conn: asyncpg.Connection, namespace: str) -> No
         if row is None:
             await queries.role_create(conn, role=role)
             continue
-        if row["rolsuper"] or row["rolbypassrls"]:
+        if row.rolsuper or row.rolbypassrls:
             raise CoordinatorError(
                 Code.DEPLOYMENT_REFUSED, f"component role {role} exists with SUPERUSER or BYPASSRLS"
             )
-        if row["rolcanlogin"]:
+        if row.rolcanlogin:
             await queries.role_nologin(conn, role=role)
 
 
@@ -140,9 +140,9 @@ async def check_runtime_role_attributes(
     row = await statements.role_attributes(conn, role=runtime_role)
     if row is None:
         raise _refuse(f"role {runtime_role} does not exist")
-    if row["rolsuper"]:
+    if row.rolsuper:
         raise _refuse(f"{runtime_role} is a superuser")
-    if row["rolbypassrls"]:
+    if row.rolbypassrls:
         raise _refuse(f"{runtime_role} has BYPASSRLS")
     if migration_role is None:
         return
@@ -162,15 +162,15 @@ async def check_runtime_role_schema(
     row = await statements.role_schema_rights(conn, role=runtime_role, namespace=namespace)
     if row is None:
         return
-    if row["owns"]:
+    if row.owns:
         raise _refuse(f"{runtime_role} owns the schema {namespace}")
-    if row["member_of_owner"]:
+    if row.member_of_owner:
         raise _refuse(
-            f"{runtime_role} is a member of {row['owner']}, which owns the schema {namespace}"
+            f"{runtime_role} is a member of {row.owner}, which owns the schema {namespace}"
         )
-    if row["can_create"]:
+    if row.can_create:
         raise _refuse(f"{runtime_role} can CREATE in the schema {namespace}")
-    if table_privileges and row["holds_table_privilege"]:
+    if table_privileges and row.holds_table_privilege:
         raise _refuse(
             f"{runtime_role} holds table privileges in {namespace} itself "
             "(it must act only through the component roles)"

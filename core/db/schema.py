@@ -78,7 +78,7 @@ async def inspect_namespace(conn: asyncpg.Connection, namespace: str) -> Namespa
     row = await statements.namespace_info(conn, namespace=namespace)
     if row is None:
         return NamespaceState(False, None, False, False)
-    return NamespaceState(True, row["owner"], row["has_objects"], row["has_version_table"])
+    return NamespaceState(True, row.owner, row.has_objects, row.has_version_table)
 
 
 def refuse_unknown_layout(namespace: str) -> CoordinatorError:
@@ -128,10 +128,7 @@ async def catalog_dump(conn: asyncpg.Connection, namespace: str) -> set[tuple[st
     name replaced by the placeholder so two namespaces can be compared."""
     rows = await statements.catalog_dump(conn, namespace=namespace)
     own_name = re.compile(r'(?<![A-Za-z0-9_"])"?' + re.escape(namespace) + r'"?(?![A-Za-z0-9_])')
-    return {
-        (row["kind"], row["name"], own_name.sub(PLACEHOLDER, row["definition"] or ""))
-        for row in rows
-    }
+    return {(row.kind, row.name, own_name.sub(PLACEHOLDER, row.definition or "")) for row in rows}
 
 
 class _Rollback(Exception):

@@ -21,6 +21,118 @@ from core.db.queries import Queries, load
 
 
 @dataclass(frozen=True, slots=True)
+class ActivationListRow:
+    """A row of ``activation_list``."""
+
+    workflow_id: str
+    digest: str
+    version: str
+    manifest: bytes
+    source: bytes
+    activated_serial: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionGateRow:
+    """A row of ``admission_gate``."""
+
+    start_outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStartRow:
+    """A row of ``admission_start``."""
+
+    start_outcome: str
+    id: str | None
+    workflow_id: str | None
+    workflow_version: str | None
+    package_digest: str | None
+    principal_iss: str | None
+    principal_sub: str | None
+    state: str | None
+    outcome: str | None
+    attention: bool | None
+    cancelling: bool | None
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSegmentLatestRow:
+    """A row of ``audit_segment_latest``."""
+
+    segment: int
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class BindingsLiveRow:
+    """A row of ``bindings_live``."""
+
+    connection: str
+    connection_type: str
+    base_url: str
+    client_id: str
+    issuer: str
+    scopes: list[str]
+    profile: str
+    producer: str | None
+    """Casework only."""
+    runs: int
+    """How many runs that have not ended share it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindingsOfRunRow:
+    """A row of ``bindings_of_run``."""
+
+    connection: str
+    connection_type: str
+    base_url: str
+    client_id: str
+    issuer: str
+    scopes: list[str]
+    profile: str
+    producer: str | None
+    """Casework only."""
+    ended: bool
+    """The run has ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogDumpRow:
+    """A row of ``catalog_dump``."""
+
+    kind: str
+    name: str
+    definition: str | None
+    """Null when the object was dropped after the scan."""
+
+
+@dataclass(frozen=True, slots=True)
+class CustodyListRow:
+    """A row of ``custody_list``."""
+
+    key_kind: str
+    key_version: int
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentReadRow:
+    """A row of ``deployment_read``."""
+
+    database_id: str
+    migration_role: str
+    activation_serial: int
+
+
+@dataclass(frozen=True, slots=True)
 class DispatcherClaimRow:
     """A row of ``dispatcher_claim``."""
 
@@ -39,7 +151,8 @@ class DispatcherClaimRow:
     created_at: datetime
     abandoned: bool
     ended: bool
-    scope_step_ids: list[str] | None
+    scope_step_ids: list[str | None] | None
+    """A null item for the run's input."""
     scope_purposes: list[str] | None
     scope_key_versions: list[int] | None
     scope_nonces: list[bytes] | None
@@ -128,6 +241,25 @@ class DispatcherStepWaitRow:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceInfoRow:
+    """A row of ``namespace_info``."""
+
+    owner: str
+    has_objects: bool
+    has_version_table: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PackageReadRow:
+    """A row of ``package_read``."""
+
+    workflow_id: str
+    version: str
+    manifest: bytes
+    source: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryActionRunRow:
     """A row of ``recovery_action_run``."""
 
@@ -139,6 +271,36 @@ class RecoveryActionRunRow:
     erased: bool
     now: datetime
     execution_hold: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryBindingReadRow:
+    """A row of ``recovery_binding_read``."""
+
+    connection: str
+    connection_type: str
+    base_url: str
+    client_id: str
+    issuer: str
+    scopes: list[str]
+    audience: str
+    profile: str
+    producer: str | None
+    """Casework only."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryDoctorRow:
+    """A row of ``recovery_doctor``."""
+
+    schema_version: int | None
+    """The highest installed (max: null were none recorded)."""
+    database_id: str
+    activation_serial: int
+    execution_hold: bool
+    admission_hold: bool
+    uncertain: int
+    due_jobs: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +324,137 @@ class RecoveryHeldStepRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryHoldLockRow:
+    """A row of ``recovery_hold_lock``."""
+
+    execution_hold: bool
+    admission_hold: bool
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryHoldsRow:
+    """A row of ``recovery_holds``."""
+
+    execution_hold: bool
+    admission_hold: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryOperatorActionsRow:
+    """A row of ``recovery_operator_actions``."""
+
+    kind: str
+    reason: str | None
+    """None for retain."""
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRecordReadRow:
+    """A row of ``recovery_record_read``."""
+
+    epoch: int
+    execution_recovered_at: datetime | None
+    restore_released_at: datetime | None
+    admission_released_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRetainRow:
+    """A row of ``recovery_retain``."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRetainPreviewRow:
+    """A row of ``recovery_retain_preview``."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryRunCancelRow:
     """A row of ``recovery_run_cancel``."""
 
     outcome: str
     run_state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunListRow:
+    """A row of ``recovery_run_list``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunOwnerRow:
+    """A row of ``recovery_run_owner``."""
+
+    workflow_id: str
+    principal_iss: str
+    principal_sub: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunStateCountsRow:
+    """A row of ``recovery_run_state_counts``."""
+
+    running: int
+    waiting: int
+    held: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunStateEstimatesRow:
+    """A row of ``recovery_run_state_estimates``."""
+
+    rows: float
+    """Pg_class.reltuples."""
+    states: list[str] | None
+    """Null before the first ANALYZE."""
+    frequencies: list[float] | None
+    """Null before the first ANALYZE."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryScopePayloadsRow:
+    """A row of ``recovery_scope_payloads``."""
+
+    step_id: str | None
+    """Null for the run's input."""
+    purpose: str
+    key_version: int
+    nonce: bytes
+    ciphertext: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverySnapshotTakeRow:
+    """A row of ``recovery_snapshot_take``."""
+
+    steps: int
+    runs: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +490,85 @@ class RecoveryStepSettleRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryTokenRefusalsRow:
+    """A row of ``recovery_token_refusals``."""
+
+    connection: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoleAttributesRow:
+    """A row of ``role_attributes``."""
+
+    rolsuper: bool
+    rolbypassrls: bool
+    rolcanlogin: bool
+    rolinherit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSchemaRightsRow:
+    """A row of ``role_schema_rights``."""
+
+    owns: bool
+    owner: str
+    member_of_owner: bool
+    can_create: bool | None
+    """Null when the schema was dropped after the scan."""
+    holds_table_privilege: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunReadRow:
+    """A row of ``run_read``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStepsRow:
+    """A row of ``run_steps``."""
+
+    step_id: str
+    seq: int
+    step_type: str
+    state: str
+    attempts: int
+    effect: str | None
+    cause: str | None
+    cause_status: int | None
+    due_at: datetime | None
+    next_check_at: datetime | None
+    timeout_at: datetime | None
+    checks: int
+    started_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class StateKeyVersionsInUseRow:
+    """A row of ``state_key_versions_in_use``."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class WaitsPlanCheckRow:
     """A row of ``waits_plan_check``."""
 
@@ -218,18 +585,25 @@ class WaitsRecordReadRow:
     ended: bool | None
 
 
+@dataclass(frozen=True, slots=True)
+class WaitsWakeRow:
+    """A row of ``waits_wake``."""
+
+    run_id: str
+
+
 class Statements(Queries):
     """The named queries of one namespace, each as a typed call."""
 
     async def activation_list(
         self,
         conn: Connection,
-    ) -> list[Record]:
+    ) -> list[ActivationListRow]:
         """The active package of every workflow, ordered by workflow id, with its bytes."""
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["activation_list"],
         )
-        return result
+        return [ActivationListRow(*record) for record in records]
 
     async def activation_remove(
         self,
@@ -278,7 +652,7 @@ class Statements(Queries):
         conn: Connection,
         *,
         activation_serial: int,
-    ) -> Record | None:
+    ) -> AdmissionGateRow | None:
         """What a start judges before its input, for an input that does not fit (admission_start
         judges a fitting one): start_outcome 'activation-changed' when apply changed the
         activation serial since activation_serial; 'admission-held' when the admission hold is
@@ -286,11 +660,11 @@ class Statements(Queries):
         deployment row. ``activation_serial``: the activation serial the service started
         under.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["admission_gate"],
             activation_serial,
         )
-        return result
+        return None if record is None else AdmissionGateRow(*record)
 
     async def admission_start(
         self,
@@ -319,7 +693,7 @@ class Statements(Queries):
         first_step: str,
         first_step_type: str,
         activation_serial: int,
-    ) -> Record | None:
+    ) -> AdmissionStartRow | None:
         """A start of an input that fits the workflow's input schema, judged and, when it is new,
         written. The parameters describe the run it would create; its bindings, one per
         connection the workflow uses, come as parallel arrays (connections to client_ids and
@@ -344,7 +718,7 @@ class Statements(Queries):
         digits. ``first_step``: the id of the first step. ``activation_serial``: the
         activation serial the service started under.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["admission_start"],
             run_id,
             workflow_id,
@@ -370,7 +744,7 @@ class Statements(Queries):
             first_step_type,
             activation_serial,
         )
-        return result
+        return None if record is None else AdmissionStartRow(*record)
 
     async def audit_segment_insert(
         self,
@@ -395,49 +769,49 @@ class Statements(Queries):
     async def audit_segment_latest(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> AuditSegmentLatestRow | None:
         """The newest segment row (no row when none): its number and key fingerprint."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["audit_segment_latest"],
         )
-        return result
+        return None if record is None else AuditSegmentLatestRow(*record)
 
     async def bindings_live(
         self,
         conn: Connection,
-    ) -> list[Record]:
+    ) -> list[BindingsLiveRow]:
         """Each distinct recorded binding of runs that have not ended, per connection, with how
         many runs share it.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["bindings_live"],
         )
-        return result
+        return [BindingsLiveRow(*record) for record in records]
 
     async def bindings_of_run(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> list[Record]:
+    ) -> list[BindingsOfRunRow]:
         """The recorded bindings of a run, and whether the run has ended."""
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["bindings_of_run"],
             run_id,
         )
-        return result
+        return [BindingsOfRunRow(*record) for record in records]
 
     async def custody_list(
         self,
         conn: Connection,
-    ) -> list[Record]:
+    ) -> list[CustodyListRow]:
         """Every recorded key fingerprint: kind ('state' or 'admission'), version (0 for the
         admission key), fingerprint.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["custody_list"],
         )
-        return result
+        return [CustodyListRow(*record) for record in records]
 
     async def custody_record(
         self,
@@ -479,14 +853,14 @@ class Statements(Queries):
     async def deployment_read(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> DeploymentReadRow | None:
         """The deployment row: databaseId, the role that installed the schema, the activation
         serial. No row before the first apply finished.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["deployment_read"],
         )
-        return result
+        return None if record is None else DeploymentReadRow(*record)
 
     async def dispatcher_claim(
         self,
@@ -943,13 +1317,13 @@ class Statements(Queries):
         conn: Connection,
         *,
         digest: str,
-    ) -> Record | None:
+    ) -> PackageReadRow | None:
         """One stored package; no row when that digest is not stored."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["package_read"],
             digest,
         )
-        return result
+        return None if record is None else PackageReadRow(*record)
 
     async def recovery_action_run(
         self,
@@ -989,28 +1363,28 @@ class Statements(Queries):
         *,
         run_id: str,
         connection: str,
-    ) -> Record | None:
+    ) -> RecoveryBindingReadRow | None:
         """The recorded binding of a connection for a run."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_binding_read"],
             run_id,
             connection,
         )
-        return result
+        return None if record is None else RecoveryBindingReadRow(*record)
 
     async def recovery_doctor(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> RecoveryDoctorRow | None:
         """One row for the doctor report: schema version, databaseId, activation serial, holds,
         and the counts of uncertain steps (the operator's backlog, through step_uncertain) and
         of due unclaimed steps (the dispatchers' backlog, through step_due). The runs per
         state are recovery_run_state_counts.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_doctor"],
         )
-        return result
+        return None if record is None else RecoveryDoctorRow(*record)
 
     async def recovery_execution_recovered(
         self,
@@ -1071,14 +1445,14 @@ class Statements(Queries):
     async def recovery_hold_lock(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> RecoveryHoldLockRow | None:
         """The holds and the current hold epoch, with the hold row locked until the transaction
         ends.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_hold_lock"],
         )
-        return result
+        return None if record is None else RecoveryHoldLockRow(*record)
 
     async def recovery_hold_raise(
         self,
@@ -1099,12 +1473,12 @@ class Statements(Queries):
     async def recovery_holds(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> RecoveryHoldsRow | None:
         """The deployment's two restore holds."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_holds"],
         )
-        return result
+        return None if record is None else RecoveryHoldsRow(*record)
 
     async def recovery_leases_drop(
         self,
@@ -1144,14 +1518,14 @@ class Statements(Queries):
         *,
         run_id: str,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[RecoveryOperatorActionsRow]:
         """The latest operator actions on a run, newest first. ``limit``: how many are shown."""
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_operator_actions"],
             run_id,
             limit,
         )
-        return result
+        return [RecoveryOperatorActionsRow(*record) for record in records]
 
     async def recovery_operator_log(
         self,
@@ -1177,13 +1551,13 @@ class Statements(Queries):
         conn: Connection,
         *,
         epoch: int,
-    ) -> Record | None:
+    ) -> RecoveryRecordReadRow | None:
         """The recovery record of an epoch; no row when that epoch has none."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_record_read"],
             epoch,
         )
-        return result
+        return None if record is None else RecoveryRecordReadRow(*record)
 
     async def recovery_retain(
         self,
@@ -1191,7 +1565,7 @@ class Statements(Queries):
         *,
         before: datetime,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[RecoveryRetainRow]:
         """Retention: erase the payloads of up to limit runs that ended before the cutoff, are
         not erased yet and hold no uncertain step, oldest ended first, skipping runs another
         transaction has locked. For each: tombstone its start identity and every command key
@@ -1200,12 +1574,12 @@ class Statements(Queries):
         and timings stay. Answers the erased run ids, oldest ended first. ``before``: the
         cutoff.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_retain"],
             before,
             limit,
         )
-        return result
+        return [RecoveryRetainRow(*record) for record in records]
 
     async def recovery_retain_check(
         self,
@@ -1228,17 +1602,17 @@ class Statements(Queries):
         *,
         before: datetime,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[RecoveryRetainPreviewRow]:
         """retain --dry-run: the runs recovery_retain would erase for the same cutoff and limit,
         chosen the same way and in the same order, with nothing locked, written or erased.
         Answers their ids, oldest ended first. ``before``: the cutoff.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_retain_preview"],
             before,
             limit,
         )
-        return result
+        return [RecoveryRetainPreviewRow(*record) for record in records]
 
     async def recovery_run_cancel(
         self,
@@ -1272,14 +1646,14 @@ class Statements(Queries):
         after_created_at: datetime | None,
         after_run_id: str | None,
         limit: int,
-    ) -> list[Record]:
+    ) -> list[RecoveryRunListRow]:
         """Runs newest first by (created_at, id), as run_read shapes them. ``workflow_ids``: the
         workflows the caller may see. ``attention``: null for either. ``state``: null for any.
         ``principal_iss``: null for every principal. ``principal_sub``: null for every
         principal. ``after_created_at``: the cursor's; null for the first page.
         ``after_run_id``: the cursor's; null for the first page. ``limit``: how many.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_run_list"],
             workflow_ids,
             attention,
@@ -1290,66 +1664,66 @@ class Statements(Queries):
             after_run_id,
             limit,
         )
-        return result
+        return [RecoveryRunListRow(*record) for record in records]
 
     async def recovery_run_owner(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> Record | None:
+    ) -> RecoveryRunOwnerRow | None:
         """Who started a run and from which workflow; no row when there is no such run."""
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_run_owner"],
             run_id,
         )
-        return result
+        return None if record is None else RecoveryRunOwnerRow(*record)
 
     async def recovery_run_state_counts(
         self,
         conn: Connection,
         *,
         counted_up_to: int,
-    ) -> Record | None:
+    ) -> RecoveryRunStateCountsRow | None:
         """How many runs are in each state, each counted up to counted_up_to and no further: the
         count walks run_live or run_ended under its state and stops there, so it costs the
         same at a million runs. (Each state is a literal: a partial index is only used for a
         condition that names its states.) A count that reaches $1 is completed from
         recovery_run_state_estimates.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_run_state_counts"],
             counted_up_to,
         )
-        return result
+        return None if record is None else RecoveryRunStateCountsRow(*record)
 
     async def recovery_run_state_estimates(
         self,
         conn: Connection,
-    ) -> Record | None:
+    ) -> RecoveryRunStateEstimatesRow | None:
         """PostgreSQL's own estimate of the runs per state, from the statistics ANALYZE (or
         autovacuum) last gathered: the table's row count and the most common values of state
         with their frequencies. Null arrays before the table was first analysed.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_run_state_estimates"],
         )
-        return result
+        return None if record is None else RecoveryRunStateEstimatesRow(*record)
 
     async def recovery_scope_payloads(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> list[Record]:
+    ) -> list[RecoveryScopePayloadsRow]:
         """The sealed values expressions of a run can read: its input and the values its steps
         kept (call outputs and wait results), in the order they were stored.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_scope_payloads"],
             run_id,
         )
-        return result
+        return [RecoveryScopePayloadsRow(*record) for record in records]
 
     async def recovery_snapshot_resolve(
         self,
@@ -1379,7 +1753,7 @@ class Statements(Queries):
         conn: Connection,
         *,
         epoch: int,
-    ) -> Record | None:
+    ) -> RecoverySnapshotTakeRow | None:
         """restore-hold: record in an epoch every call step that may have sent a command nobody
         saw answered, and hold it for review. That is a call step that has not ended and
         either has a command whose effect is not accepted (a command key, prepared, or already
@@ -1389,11 +1763,11 @@ class Statements(Queries):
         keeps the cause it had), not due and without a lease; its run, unless ended, is held
         with attention. Answers how many steps and runs the snapshot holds.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["recovery_snapshot_take"],
             epoch,
         )
-        return result
+        return None if record is None else RecoverySnapshotTakeRow(*record)
 
     async def recovery_snapshot_unresolved(
         self,
@@ -1520,14 +1894,14 @@ class Statements(Queries):
     async def recovery_token_refusals(
         self,
         conn: Connection,
-    ) -> list[Record]:
+    ) -> list[RecoveryTokenRefusalsRow]:
         """The connections whose last token request the issuer refused, with its error code, by
         connection name (the doctor's tokenRefusals).
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["recovery_token_refusals"],
         )
-        return result
+        return [RecoveryTokenRefusalsRow(*record) for record in records]
 
     async def role_create(
         self,
@@ -1564,30 +1938,30 @@ class Statements(Queries):
         conn: Connection,
         *,
         run_id: str,
-    ) -> Record | None:
+    ) -> RunReadRow | None:
         """One run, with the version of the package it was admitted under; no row when there is
         no such run.
         """
-        result: Record | None = await conn.fetchrow(
+        record: Record | None = await conn.fetchrow(
             self["run_read"],
             run_id,
         )
-        return result
+        return None if record is None else RunReadRow(*record)
 
     async def run_steps(
         self,
         conn: Connection,
         *,
         run_id: str,
-    ) -> list[Record]:
+    ) -> list[RunStepsRow]:
         """The steps a run has reached, in the order it reached them. Only the columns inspection
         shows: never the command, its key or the lease.
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["run_steps"],
             run_id,
         )
-        return result
+        return [RunStepsRow(*record) for record in records]
 
     async def schema_create(
         self,
@@ -1612,12 +1986,12 @@ class Statements(Queries):
     async def state_key_versions_in_use(
         self,
         conn: Connection,
-    ) -> list[Record]:
+    ) -> list[StateKeyVersionsInUseRow]:
         """The state key versions stored payloads were written with, ascending."""
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["state_key_versions_in_use"],
         )
-        return result
+        return [StateKeyVersionsInUseRow(*record) for record in records]
 
     async def waits_plan_check(
         self,
@@ -1707,18 +2081,18 @@ class Statements(Queries):
         conn: Connection,
         *,
         match: bytes,
-    ) -> list[Record]:
+    ) -> list[WaitsWakeRow]:
         """A completion event for the result whose keyed digest is match: bring the next check of
         the waiting step that awaits it forward to now (an earlier due time is kept). Finds
         the step through the partial index step_wait_match; a step of an ended run is left
         alone. Admission may change only due_at, next_check_at and updated_at. Answers the run
         of each step woken (none for an unknown review).
         """
-        result: list[Record] = await conn.fetch(
+        records: list[Record] = await conn.fetch(
             self["waits_wake"],
             match,
         )
-        return result
+        return [WaitsWakeRow(*record) for record in records]
 
 
 async def apply_lock(
@@ -1740,16 +2114,16 @@ async def catalog_dump(
     conn: Connection,
     *,
     namespace: str,
-) -> list[Record]:
+) -> list[CatalogDumpRow]:
     """Every object of schema namespace as (kind, name, definition) rows, in a stable order. The
     drift check compares this dump of an installed namespace with the dump of a scratch
     namespace built from schema.sql; grants are not part of it (apply sets them afresh).
     """
-    result: list[Record] = await conn.fetch(
+    records: list[Record] = await conn.fetch(
         load()["catalog_dump"],
         namespace,
     )
-    return result
+    return [CatalogDumpRow(*record) for record in records]
 
 
 async def clock_fake_now_set(
@@ -1783,28 +2157,28 @@ async def namespace_info(
     conn: Connection,
     *,
     namespace: str,
-) -> Record | None:
+) -> NamespaceInfoRow | None:
     """The schema named namespace: its owner, whether it holds any object, and whether it has a
     schema_version table. No row when the schema does not exist.
     """
-    result: Record | None = await conn.fetchrow(
+    record: Record | None = await conn.fetchrow(
         load()["namespace_info"],
         namespace,
     )
-    return result
+    return None if record is None else NamespaceInfoRow(*record)
 
 
 async def role_attributes(
     conn: Connection,
     *,
     role: str,
-) -> Record | None:
+) -> RoleAttributesRow | None:
     """The role so named: the attributes the role checks look at. No row when absent."""
-    result: Record | None = await conn.fetchrow(
+    record: Record | None = await conn.fetchrow(
         load()["role_attributes"],
         role,
     )
-    return result
+    return None if record is None else RoleAttributesRow(*record)
 
 
 async def role_is_member(
@@ -1846,17 +2220,17 @@ async def role_schema_rights(
     *,
     role: str,
     namespace: str,
-) -> Record | None:
+) -> RoleSchemaRightsRow | None:
     """What the role may do to the schema namespace: own it, be a member of its owner (named),
     create in it, or hold any privilege (its own or inherited, table- or column-level) on a
     table, view or sequence in it. No row when the role or the schema is missing.
     """
-    result: Record | None = await conn.fetchrow(
+    record: Record | None = await conn.fetchrow(
         load()["role_schema_rights"],
         role,
         namespace,
     )
-    return result
+    return None if record is None else RoleSchemaRightsRow(*record)
 
 
 async def role_set(

@@ -26,13 +26,13 @@ from core.secrets import SecretResolver
 async def read_active(conn: asyncpg.Connection, queries: Statements) -> dict[str, ActivePackage]:
     """The active package of every workflow, ordered by id."""
     return {
-        row["workflow_id"]: ActivePackage(
-            workflow_id=row["workflow_id"],
-            digest=row["digest"],
-            version=row["version"],
-            manifest_bytes=bytes(row["manifest"]),
-            source_bytes=bytes(row["source"]),
-            activated_serial=int(row["activated_serial"]),
+        row.workflow_id: ActivePackage(
+            workflow_id=row.workflow_id,
+            digest=row.digest,
+            version=row.version,
+            manifest_bytes=row.manifest,
+            source_bytes=row.source,
+            activated_serial=row.activated_serial,
         )
         for row in await queries.activation_list(conn)
     }
@@ -106,15 +106,15 @@ async def verify_activation(
         raise CoordinatorError(
             Code.DEPLOYMENT_REFUSED, f"namespace {namespace} records no databaseId; run apply"
         )
-    check_database_id(identity["database_id"], config.deployment.database_id, namespace)
+    check_database_id(identity.database_id, config.deployment.database_id, namespace)
     active = await read_active(conn, queries)
     check_pins(checked, active)
     keys = configured_keys(config, resolver or resolver_for(config))
     check_custody(await read_records(conn, queries), keys, require_recorded=True)
     return Activation(
         namespace=namespace,
-        database_id=identity["database_id"],
+        database_id=identity.database_id,
         schema_version=version,
-        serial=int(identity["activation_serial"]),
+        serial=identity.activation_serial,
         packages=active,
     )

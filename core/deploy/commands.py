@@ -79,7 +79,7 @@ async def plan(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry]
         queries = Statements(namespace)
         identity = await queries.deployment_read(conn)
         if identity is not None:
-            check_database_id(identity["database_id"], config.deployment.database_id, namespace)
+            check_database_id(identity.database_id, config.deployment.database_id, namespace)
         active = await read_active(conn, queries)
         entries = compute_plan(
             _listed(checked), {wid: pkg.digest for wid, pkg in active.items()}, remove
@@ -122,7 +122,7 @@ async def apply(checked: CheckedDeployment, remove: list[str]) -> list[PlanEntry
                     migration_role=migration_role,
                 )
             else:
-                check_database_id(identity["database_id"], config.deployment.database_id, namespace)
+                check_database_id(identity.database_id, config.deployment.database_id, namespace)
             await ensure_component_roles(conn, namespace)
             await grant_components(conn, namespace, runtime_role)
             await check_runtime_role_schema(conn, runtime_role, namespace)
@@ -167,7 +167,7 @@ async def _activate(
             source=package.source_bytes,
         )
         stored = await queries.package_read(conn, digest=package.digest)
-        if stored is None or bytes(stored["manifest"]) != package.manifest_bytes:
+        if stored is None or stored.manifest != package.manifest_bytes:
             raise CoordinatorError(
                 Code.DEPLOYMENT_REFUSED,
                 f"workflow '{entry.id}': the database holds other bytes under digest "

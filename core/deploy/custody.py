@@ -66,12 +66,12 @@ async def read_records(conn: asyncpg.Connection, queries: Statements) -> Custody
     state: dict[int, str] = {}
     admission: str | None = None
     for row in await queries.custody_list(conn):
-        if row["key_kind"] == "state":
-            state[int(row["key_version"])] = row["fingerprint"]
+        if row.key_kind == "state":
+            state[row.key_version] = row.fingerprint
         else:
-            admission = row["fingerprint"]
+            admission = row.fingerprint
     used = await queries.state_key_versions_in_use(conn)
-    in_use = tuple(int(row["version"]) for row in used)
+    in_use = tuple(row.version for row in used)
     return CustodyRecords(state=state, admission=admission, in_use=in_use)
 
 

@@ -44,6 +44,6 @@ class WorkflowCache:
                 # The source was checked when the package was built and when it was
                 # applied; checking again here costs little once per digest and keeps a
                 # tampered row from running half-understood.
-                found = check_source(bytes(row["source"]))
+                found = check_source(row.source)
                 self._parsed[digest] = found
         return found

@@ -20,7 +20,7 @@ import yaml
 
 from core import deploy
 from core.config.model import CheckedDeployment
-from core.crypto import Keyring
+from core.crypto import Keyring, Sealed
 from core.keys import resolver_for
 from core.payloads import open_json
 from core.products.http import Exchanger
@@ -100,7 +100,8 @@ class BaseKit:
         )
         if row is None:
             return None
-        return open_json(self.keyring, self.deployment.namespace, run_id, purpose, row)
+        sealed = Sealed(row["key_version"], row["nonce"], row["ciphertext"])
+        return open_json(self.keyring, self.deployment.namespace, run_id, purpose, sealed)
 
     async def close(self) -> None:
         """Close the kit's stores, its owner connection and its HTTP client."""

@@ -49,6 +49,23 @@
 -- $22 first_step_type (text)
 -- $23 activation_serial (bigint): the activation serial the service started under
 -- returns: row
+-- column start_outcome (text)
+-- column id (text, null)
+-- column workflow_id (text, null)
+-- column workflow_version (text, null)
+-- column package_digest (text, null)
+-- column principal_iss (text, null)
+-- column principal_sub (text, null)
+-- column state (text, null)
+-- column outcome (text, null)
+-- column attention (boolean, null)
+-- column cancelling (boolean, null)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz, null)
+-- column updated_at (timestamptz, null)
+-- column ended_at (timestamptz, null)
 WITH judged AS (
     SELECT CASE WHEN d.activation_serial <> $23::bigint THEN 'activation-changed'
                 WHEN h.admission_hold THEN 'admission-held'
@@ -115,6 +132,7 @@ SELECT j.start_outcome,
 -- deployment row.
 -- $1 activation_serial (bigint): the activation serial the service started under
 -- returns: row
+-- column start_outcome (text)
 SELECT CASE WHEN d.activation_serial <> $1::bigint THEN 'activation-changed'
             WHEN h.admission_hold THEN 'admission-held'
             ELSE 'open'

@@ -3,6 +3,8 @@
 -- name: audit_segment_latest
 -- The newest segment row (no row when none): its number and key fingerprint.
 -- returns: row
+-- column segment (integer)
+-- column fingerprint (text)
 SELECT segment, fingerprint FROM {{ns}}.audit_segment ORDER BY segment DESC LIMIT 1;
 
 -- name: audit_segment_insert

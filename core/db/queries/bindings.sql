@@ -6,6 +6,15 @@
 -- Each distinct recorded binding of runs that have not ended, per connection, with how
 -- many runs share it.
 -- returns: rows
+-- column connection (text)
+-- column connection_type (text)
+-- column base_url (text)
+-- column client_id (text)
+-- column issuer (text)
+-- column scopes (text[])
+-- column profile (text)
+-- column producer (text, null): Casework only
+-- column runs (bigint): how many runs that have not ended share it
 SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.scopes,
        b.profile, b.producer, count(*) AS runs
   FROM {{ns}}.run r
@@ -19,6 +28,15 @@ SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.sco
 -- The recorded bindings of a run, and whether the run has ended.
 -- $1 run_id (text)
 -- returns: rows
+-- column connection (text)
+-- column connection_type (text)
+-- column base_url (text)
+-- column client_id (text)
+-- column issuer (text)
+-- column scopes (text[])
+-- column profile (text)
+-- column producer (text, null): Casework only
+-- column ended (boolean): the run has ended
 SELECT b.connection, b.connection_type, b.base_url, b.client_id, b.issuer, b.scopes,
        b.profile, b.producer, r.ended_at IS NOT NULL AS ended
   FROM {{ns}}.binding b

@@ -7,6 +7,9 @@
 -- a schema_version table. No row when the schema does not exist.
 -- $1 namespace (text)
 -- returns: row
+-- column owner (text)
+-- column has_objects (boolean)
+-- column has_version_table (boolean)
 SELECT r.rolname::text AS owner,
        EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = n.oid)
        OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid)
@@ -24,6 +27,10 @@ SELECT r.rolname::text AS owner,
 -- The role so named: the attributes the role checks look at. No row when absent.
 -- $1 role (text)
 -- returns: row
+-- column rolsuper (boolean)
+-- column rolbypassrls (boolean)
+-- column rolcanlogin (boolean)
+-- column rolinherit (boolean)
 SELECT rolsuper, rolbypassrls, rolcanlogin, rolinherit
   FROM pg_roles
  WHERE rolname = $1;
@@ -55,6 +62,11 @@ SELECT pg_has_role(member.oid, target.oid, 'SET') AS may_set
 -- $1 role (text)
 -- $2 namespace (text)
 -- returns: row
+-- column owns (boolean)
+-- column owner (text)
+-- column member_of_owner (boolean)
+-- column can_create (boolean, null): null when the schema was dropped after the scan
+-- column holds_table_privilege (boolean)
 SELECT n.nspowner = r.oid AS owns,
        pg_get_userbyid(n.nspowner)::text AS owner,
        pg_has_role(r.oid, n.nspowner, 'MEMBER') AS member_of_owner,
@@ -79,6 +91,9 @@ SELECT n.nspowner = r.oid AS owns,
 -- namespace built from schema.sql; grants are not part of it (apply sets them afresh).
 -- $1 namespace (text)
 -- returns: rows
+-- column kind (text)
+-- column name (text)
+-- column definition (text, null): null when the object was dropped after the scan
 WITH t AS (SELECT oid FROM pg_namespace WHERE nspname = $1)
 SELECT kind, name, definition FROM (
     SELECT 'relation' AS kind, c.relname::text AS name,

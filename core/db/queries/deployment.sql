@@ -10,6 +10,9 @@ SELECT max(version) AS version FROM {{ns}}.schema_version;
 -- The deployment row: databaseId, the role that installed the schema, the activation
 -- serial. No row before the first apply finished.
 -- returns: row
+-- column database_id (text)
+-- column migration_role (text)
+-- column activation_serial (bigint)
 SELECT database_id::text AS database_id, migration_role::text AS migration_role,
        activation_serial
   FROM {{ns}}.deployment;
@@ -32,6 +35,12 @@ RETURNING activation_serial;
 -- name: activation_list
 -- The active package of every workflow, ordered by workflow id, with its bytes.
 -- returns: rows
+-- column workflow_id (text)
+-- column digest (text)
+-- column version (text)
+-- column manifest (bytea)
+-- column source (bytea)
+-- column activated_serial (bigint)
 SELECT a.workflow_id, a.digest, p.version, p.manifest, p.source, a.activated_serial
   FROM {{ns}}.activation a
   JOIN {{ns}}.package p ON p.digest = a.digest
@@ -41,6 +50,10 @@ SELECT a.workflow_id, a.digest, p.version, p.manifest, p.source, a.activated_ser
 -- One stored package; no row when that digest is not stored.
 -- $1 digest (text)
 -- returns: row
+-- column workflow_id (text)
+-- column version (text)
+-- column manifest (bytea)
+-- column source (bytea)
 SELECT workflow_id, version, manifest, source FROM {{ns}}.package WHERE digest = $1;
 
 -- name: package_insert
@@ -85,6 +98,9 @@ SELECT count(*) AS live FROM {{ns}}.run
 -- Every recorded key fingerprint: kind ('state' or 'admission'), version (0 for the
 -- admission key), fingerprint.
 -- returns: rows
+-- column key_kind (text)
+-- column key_version (integer)
+-- column fingerprint (text)
 SELECT key_kind, key_version, fingerprint
   FROM {{ns}}.key_custody
  ORDER BY key_kind, key_version;
@@ -102,4 +118,5 @@ ON CONFLICT (key_kind, key_version) DO NOTHING;
 -- name: state_key_versions_in_use
 -- The state key versions stored payloads were written with, ascending.
 -- returns: rows
+-- column version (integer)
 SELECT version FROM {{ns}}.state_key_versions_in_use() AS used(version) ORDER BY version;

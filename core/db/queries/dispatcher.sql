@@ -54,7 +54,7 @@
 -- column created_at (timestamptz)
 -- column abandoned (boolean)
 -- column ended (boolean)
--- column scope_step_ids (text[], null)
+-- column scope_step_ids (text[], null, null items): a null item for the run's input
 -- column scope_purposes (text[], null)
 -- column scope_key_versions (integer[], null)
 -- column scope_nonces (bytea[], null)

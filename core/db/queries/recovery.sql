@@ -5,11 +5,16 @@
 -- Who started a run and from which workflow; no row when there is no such run.
 -- $1 run_id (text)
 -- returns: row
+-- column workflow_id (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
 SELECT workflow_id, principal_iss, principal_sub FROM {{ns}}.run WHERE id = $1;
 
 -- name: recovery_holds
 -- The deployment's two restore holds.
 -- returns: row
+-- column execution_hold (boolean)
+-- column admission_hold (boolean)
 SELECT execution_hold, admission_hold FROM {{ns}}.hold;
 
 -- name: recovery_operator_actions
@@ -17,6 +22,9 @@ SELECT execution_hold, admission_hold FROM {{ns}}.hold;
 -- $1 run_id (text)
 -- $2 limit (integer): how many are shown
 -- returns: rows
+-- column kind (text)
+-- column reason (text, null): none for retain
+-- column at (timestamptz)
 SELECT kind, reason, at
   FROM {{ns}}.operator_action
  WHERE run_id = $1
@@ -34,6 +42,22 @@ SELECT kind, reason, at
 -- $7 after_run_id (text, null): the cursor's; null for the first page
 -- $8 limit (integer): how many
 -- returns: rows
+-- column id (text)
+-- column workflow_id (text)
+-- column workflow_version (text)
+-- column package_digest (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
+-- column state (text)
+-- column outcome (text, null)
+-- column attention (boolean)
+-- column cancelling (boolean)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz)
+-- column updated_at (timestamptz)
+-- column ended_at (timestamptz, null)
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
@@ -54,6 +78,13 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- due unclaimed steps (the dispatchers' backlog, through step_due). The runs per state are
 -- recovery_run_state_counts.
 -- returns: row
+-- column schema_version (integer, null): the highest installed (max: null were none recorded)
+-- column database_id (text)
+-- column activation_serial (bigint)
+-- column execution_hold (boolean)
+-- column admission_hold (boolean)
+-- column uncertain (bigint)
+-- column due_jobs (bigint)
 SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
        d.database_id::text AS database_id,
        d.activation_serial,
@@ -69,6 +100,8 @@ SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
 -- The connections whose last token request the issuer refused, with its error code, by
 -- connection name (the doctor's tokenRefusals).
 -- returns: rows
+-- column connection (text)
+-- column error (text)
 SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
 
 -- name: recovery_run_state_counts
@@ -79,6 +112,12 @@ SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
 -- recovery_run_state_estimates.
 -- $1 counted_up_to (integer)
 -- returns: row
+-- column running (bigint)
+-- column waiting (bigint)
+-- column held (bigint)
+-- column succeeded (bigint)
+-- column failed (bigint)
+-- column cancelled (bigint)
 SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' LIMIT $1) x)
            AS running,
        (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'waiting' LIMIT $1) x)
@@ -97,6 +136,9 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' L
 -- autovacuum) last gathered: the table's row count and the most common values of state
 -- with their frequencies. Null arrays before the table was first analysed.
 -- returns: row
+-- column rows (float8): pg_class.reltuples
+-- column states (text[], null): null before the first ANALYZE
+-- column frequencies (float8[], null): null before the first ANALYZE
 SELECT c.reltuples::float8 AS rows,
        s.most_common_vals::text::text[] AS states,
        s.most_common_freqs::float8[] AS frequencies

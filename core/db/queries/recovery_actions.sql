@@ -82,6 +82,15 @@ SELECT s.step_id, s.seq, s.step_type, s.state, s.attempts, s.effect, s.command_k
 -- $1 run_id (text)
 -- $2 connection (text)
 -- returns: row
+-- column connection (text)
+-- column connection_type (text)
+-- column base_url (text)
+-- column client_id (text)
+-- column issuer (text)
+-- column scopes (text[])
+-- column audience (text)
+-- column profile (text)
+-- column producer (text, null): Casework only
 SELECT connection, connection_type, base_url, client_id, issuer, scopes, audience, profile,
        producer
   FROM {{ns}}.binding
@@ -92,6 +101,11 @@ SELECT connection, connection_type, base_url, client_id, issuer, scopes, audienc
 -- kept (call outputs and wait results), in the order they were stored.
 -- $1 run_id (text)
 -- returns: rows
+-- column step_id (text, null): null for the run's input
+-- column purpose (text)
+-- column key_version (integer)
+-- column nonce (bytea)
+-- column ciphertext (bytea)
 SELECT step_id, purpose, key_version, nonce, ciphertext
   FROM {{ns}}.payload
  WHERE run_id = $1 AND purpose IN ('input', 'output', 'wait-result')

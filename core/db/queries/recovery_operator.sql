@@ -12,6 +12,9 @@
 -- The holds and the current hold epoch, with the hold row locked until the transaction
 -- ends.
 -- returns: row
+-- column execution_hold (boolean)
+-- column admission_hold (boolean)
+-- column epoch (bigint)
 SELECT execution_hold, admission_hold, epoch
   FROM {{ns}}.hold
    FOR UPDATE;
@@ -42,6 +45,8 @@ RETURNING epoch;
 -- Answers how many steps and runs the snapshot holds.
 -- $1 epoch (bigint)
 -- returns: row
+-- column steps (bigint)
+-- column runs (bigint)
 WITH found AS (
     SELECT s.run_id, s.step_id
       FROM {{ns}}.step s
@@ -95,6 +100,10 @@ SELECT count(*) AS dropped FROM dropped;
 -- The recovery record of an epoch; no row when that epoch has none.
 -- $1 epoch (bigint)
 -- returns: row
+-- column epoch (bigint)
+-- column execution_recovered_at (timestamptz, null)
+-- column restore_released_at (timestamptz, null)
+-- column admission_released_at (timestamptz, null)
 SELECT epoch, execution_recovered_at, restore_released_at, admission_released_at
   FROM {{ns}}.recovery_record
  WHERE epoch = $1;
@@ -183,6 +192,7 @@ SELECT $1::timestamptz > {{ns}}.now() AS future;
 -- $1 before (timestamptz): the cutoff
 -- $2 limit (integer)
 -- returns: rows
+-- column id (text)
 SELECT r.id
   FROM {{ns}}.run r
  WHERE r.ended_at IS NOT NULL AND r.erased_at IS NULL
@@ -202,6 +212,7 @@ SELECT r.id
 -- $1 before (timestamptz): the cutoff
 -- $2 limit (integer)
 -- returns: rows
+-- column id (text)
 WITH chosen AS (
     SELECT r.id, r.ended_at
       FROM {{ns}}.run r

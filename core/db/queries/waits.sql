@@ -74,6 +74,7 @@ SELECT outcome, run_state, ended
 -- of each step woken (none for an unknown review).
 -- $1 match (bytea)
 -- returns: rows
+-- column run_id (text)
 UPDATE {{ns}}.step s
    SET due_at = CASE WHEN s.due_at IS NULL OR s.due_at > {{ns}}.now()
                      THEN {{ns}}.now() ELSE s.due_at END,
