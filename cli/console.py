@@ -56,6 +56,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cli import api
 from core import clock
+from core.actions import RUN, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.workflow.graph import run_picture
@@ -68,7 +69,8 @@ STATIC: Final = HERE / "console_static"
 LOOPBACK: Final = "127.0.0.1"
 SESSION_COOKIE: Final = "coordinator_console"
 KEY_PARAMETER: Final = "key"
-ACTIONS: Final = ("reconcile", "retry-same", "cancel")
+FORMS: Final = tuple(action.name for action in operator_actions(RUN) if action.form)
+"""The actions the run page offers as forms (core/actions.py)."""
 ATTENTION_PAGE: Final = 50
 """Runs per attention page; each costs one inspection call."""
 CONCURRENT_CALLS: Final = 8
@@ -489,7 +491,7 @@ class Console:
         done = request.query_params.get("done")
         result = request.query_params.get("result")
         notice = None
-        if refusal is None and done in ACTIONS and result and result.replace("-", "").isalpha():
+        if refusal is None and done in FORMS and result and result.replace("-", "").isalpha():
             notice = f"{done}: {result}"
         return self.page(
             "run.html",
@@ -504,7 +506,7 @@ class Console:
             refusal=refusal,
             refused_action=action,
             notice=notice,
-            actions=ACTIONS,
+            actions=FORMS,
         )
 
     async def doctor(self, request: Request, session: str) -> Response:
@@ -516,7 +518,7 @@ class Console:
 
     async def act(self, request: Request, session: str) -> Response:
         run_id, action = request.path_params["run_id"], request.path_params["action"]
-        if action not in ACTIONS:
+        if action not in FORMS:
             return self.problem_page(
                 Problem.local(404, Code.NOT_FOUND, "no such action"), session, "Run"
             )

@@ -42,6 +42,7 @@ from cli.options import (
     use_plain_help,
 )
 from core import __version__
+from core.actions import ACTIONS, RUN, Action, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import IDEMPOTENCY_KEY
@@ -563,11 +564,10 @@ def _api_opts(
 _RUN_COLUMNS = ("runId", "workflow", "state", "outcome", "attention", "createdAt")
 
 
-@app.command()
+@app.command("doctor", help=ACTIONS["doctor"].help)
 def doctor(
     ctx: typer.Context, url: UrlOpt = None, token_file: TokenOpt = None, output: OutputOpt = None
 ) -> None:
-    """The deployment's doctor report."""
     client, g = _api_opts(ctx, url, token_file, output)
     render.emit(client.request("GET", "/v1/operator/doctor"), g.output)
 
@@ -630,7 +630,7 @@ def list_runs(
     typer.echo(f"nextCursor: {body.get('nextCursor') or '-'}")
 
 
-@app.command()
+@app.command("status", help=ACTIONS["status"].help)
 def status(
     ctx: typer.Context,
     run: RunOpt,
@@ -638,12 +638,11 @@ def status(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """One run's status."""
     client, g = _api_opts(ctx, url, token_file, output)
     render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}"), g.output)
 
 
-@app.command()
+@app.command("inspect", help=ACTIONS["inspect"].help)
 def inspect(
     ctx: typer.Context,
     run: RunOpt,
@@ -651,7 +650,6 @@ def inspect(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """One run's steps, effects and waits (never payloads)."""
     client, g = _api_opts(ctx, url, token_file, output)
     render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}/inspection"), g.output)
 
@@ -668,7 +666,7 @@ def default_idempotency_key(workflow: str, input_bytes: bytes) -> str:
     return f"ctl-{digest[:40]}"
 
 
-@app.command()
+@app.command("start", help=ACTIONS["start"].help)
 def start(
     ctx: typer.Context,
     workflow: Annotated[str, typer.Option("--workflow", metavar="ID", help="Workflow id.")],
@@ -685,7 +683,6 @@ def start(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Start a run of a workflow."""
     client, g = _api_opts(ctx, url, token_file, output)
     try:
         raw = input_file.read_bytes()
@@ -718,43 +715,27 @@ def _run_action(ctx: typer.Context, action: str, run: str, reason: str, g_opts: 
     render.emit(body, g.output)
 
 
-@app.command()
-def reconcile(
-    ctx: typer.Context,
-    run: RunOpt,
-    reason: ReasonOpt,
-    url: UrlOpt = None,
-    token_file: TokenOpt = None,
-    output: OutputOpt = None,
-) -> None:
-    """Ask the product for its receipt of an uncertain command."""
-    _run_action(ctx, "reconcile", run, reason, (url, token_file, output))
+def _run_action_command(action: Action) -> None:
+    """Register ``coordinatorctl <action>`` for an operator's action on a run."""
+
+    def command(
+        ctx: typer.Context,
+        run: RunOpt,
+        reason: ReasonOpt,
+        url: UrlOpt = None,
+        token_file: TokenOpt = None,
+        output: OutputOpt = None,
+    ) -> None:
+        _run_action(ctx, action.name, run, reason, (url, token_file, output))
+
+    command.__name__ = action.name.replace("-", "_")
+    command.__doc__ = action.help
+    app.command(action.name)(command)
 
 
-@app.command("retry-same")
-def retry_same(
-    ctx: typer.Context,
-    run: RunOpt,
-    reason: ReasonOpt,
-    url: UrlOpt = None,
-    token_file: TokenOpt = None,
-    output: OutputOpt = None,
-) -> None:
-    """Resend an uncertain command with its original key."""
-    _run_action(ctx, "retry-same", run, reason, (url, token_file, output))
-
-
-@app.command()
-def cancel(
-    ctx: typer.Context,
-    run: RunOpt,
-    reason: ReasonOpt,
-    url: UrlOpt = None,
-    token_file: TokenOpt = None,
-    output: OutputOpt = None,
-) -> None:
-    """Cancel a run (its onCancel path runs where one exists)."""
-    _run_action(ctx, "cancel", run, reason, (url, token_file, output))
+# reconcile, retry-same and cancel: one command each, from the table of actions.
+for _action in operator_actions(RUN):
+    _run_action_command(_action)
 
 
 def _instant(value: str) -> str:
@@ -789,7 +770,7 @@ def _cutoff(before: str | None, older_than: str | None) -> str:
     return (datetime.now(UTC) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@app.command()
+@app.command("retain", help=ACTIONS["retain"].help)
 def retain(
     ctx: typer.Context,
     limit: Annotated[
@@ -822,7 +803,6 @@ def retain(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Erase the payloads of runs that ended before the cutoff (never later than now)."""
     if every and dry_run:
         _usage("--all erases; --dry-run looks at one call's worth: use one of them")
     request: dict[str, Any] = {"before": _cutoff(before, older_than), "limit": limit}
@@ -856,7 +836,7 @@ def _operator_action(ctx: typer.Context, route: str, body: dict[str, Any], g_opt
     render.emit(client.request("POST", f"/v1/operator/{route}", body=body), g.output)
 
 
-@app.command("restore-hold")
+@app.command("restore-hold", help=ACTIONS["restore-hold"].help)
 def restore_hold(
     ctx: typer.Context,
     reason: ReasonOpt,
@@ -864,12 +844,11 @@ def restore_hold(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Hold execution and admissions after a restore."""
     api.check_reference("--reason", reason)
     _operator_action(ctx, "restore-hold", {"reason": reason}, (url, token_file, output))
 
 
-@app.command("release-restore-hold")
+@app.command("release-restore-hold", help=ACTIONS["release-restore-hold"].help)
 def release_restore_hold(
     ctx: typer.Context,
     reason: ReasonOpt,
@@ -877,7 +856,6 @@ def release_restore_hold(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Release the execution hold once held work is resolved."""
     api.check_reference("--reason", reason)
     _operator_action(ctx, "release-restore-hold", {"reason": reason}, (url, token_file, output))
 
@@ -913,7 +891,7 @@ def _attestation(
     _operator_action(ctx, action, body, api_opts)
 
 
-@app.command("complete-execution-recovery")
+@app.command("complete-execution-recovery", help=ACTIONS["complete-execution-recovery"].help)
 def complete_execution_recovery(
     ctx: typer.Context,
     recovery_reference: RefOpt,
@@ -929,7 +907,6 @@ def complete_execution_recovery(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Attest that the execution history after the backup is established."""
     _attestation(
         ctx,
         "complete-execution-recovery",
@@ -940,7 +917,7 @@ def complete_execution_recovery(
     )
 
 
-@app.command("release-admission-hold")
+@app.command("release-admission-hold", help=ACTIONS["release-admission-hold"].help)
 def release_admission_hold(
     ctx: typer.Context,
     recovery_reference: RefOpt,
@@ -956,7 +933,6 @@ def release_admission_hold(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Reopen admissions once every spent key is established."""
     _attestation(
         ctx,
         "release-admission-hold",

@@ -37,7 +37,8 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
-from core.config.model import CASEWORK, DEPLOYMENT_ACTIONS
+from core.actions import DEPLOYMENT_ACTIONS, RUN_ACTIONS
+from core.config.model import CASEWORK
 from core.workflow.package import verify_package
 
 RUNTIME_FILE = "runtime.yaml"
@@ -62,7 +63,8 @@ DEFAULT_SCOPES = {
     "scheduling": ["bookings:write", "receipts:read"],
     "breg-action": ["actions:write", "proposals:write"],
 }
-OPERATOR_RUN_ACTIONS = ["inspect", "status", "retry-same", "cancel", "reconcile"]
+OPERATOR_RUN_ACTIONS = [name for name in RUN_ACTIONS if name != "start"]
+"""What the development operator may do to runs: everything but start them."""
 
 # The database secret files, by the field names of devstack.postgres.SecretFiles.
 _DATABASE_FILES = {

@@ -10,33 +10,31 @@ reads as infinity) and no lone surrogate (``"\\ud800"``, which UTF-8 and so prot
 encode) — checked right after parsing, not left to fail on the way out.
 
 Every refusal is ``request.invalid`` (400) or ``request.too-large`` (413) and names the JSON
-pointer or parameter at fault, never the value that was sent.
+pointer or parameter at fault, never the value that was sent. What an operator action's body
+must hold is the action's own (:mod:`core.actions`), checked by the route that reads it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 
+from core.actions import exact_members
 from core.canonical import unkept_place
-from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
-    MAX_RETAIN_LIMIT,
-    REFERENCE,
     RUN_STATES,
     check_idempotency_key,
 )
-from core.workflow.jsonvalue import pointer_token
 
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_JSON_DEPTH: Final = 32
@@ -44,7 +42,6 @@ MAX_JSON_DEPTH: Final = 32
 WORKFLOW_ID_PATTERN: Final = re.compile(r"[a-z][a-z0-9-]{0,62}")
 CURSOR_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,512}")
 _LIMIT_DIGITS = re.compile(r"[0-9]{1,3}")
-_REASON_RULE = "must be 1-128 characters of letters, digits and . _ : / -"
 
 
 class RequestInvalid(CoordinatorError):
@@ -59,10 +56,6 @@ class RequestTooLarge(CoordinatorError):
 
     def __init__(self) -> None:
         super().__init__(Code.REQUEST_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes")
-
-
-def _pointer(key: str) -> str:
-    return "/" + pointer_token(key)
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -158,47 +151,6 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     return parse_json_object(await read_body(request))
 
 
-def exact_members(body: Mapping[str, Any], required: tuple[str, ...]) -> None:
-    """Refuse a body that lacks one of ``required`` or has any other member."""
-    if any(key not in required for key in body):
-        # The stray name is caller text: it is not repeated back.
-        raise RequestInvalid("the body has a member this route does not take")
-    for key in required:
-        if key not in body:
-            raise RequestInvalid(f"{_pointer(key)}: required")
-
-
-def reference(body: Mapping[str, Any], key: str) -> str:
-    """An investigation reference member (``reason``, ``recoveryReference``)."""
-    value = body.get(key)
-    if not isinstance(value, str) or not REFERENCE.fullmatch(value):
-        raise RequestInvalid(f"{_pointer(key)}: {_REASON_RULE}")
-    return value
-
-
-def attested(body: Mapping[str, Any], key: str) -> bool:
-    """An attestation flag; only ``true`` is accepted."""
-    if body.get(key) is not True:
-        raise RequestInvalid(f"{_pointer(key)}: must be true")
-    return True
-
-
-def bounded_int(body: Mapping[str, Any], key: str, low: int, high: int) -> int:
-    """An integer member within ``low..high`` (booleans are not integers here)."""
-    value = body.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise RequestInvalid(f"{_pointer(key)}: must be an integer from {low} to {high}")
-    return value
-
-
-def instant(body: Mapping[str, Any], key: str) -> str:
-    """An RFC 3339 date-time member with an offset, returned as sent."""
-    value = body.get(key)
-    if isinstance(value, str) and parse_offset_instant(value) is not None:
-        return value
-    raise RequestInvalid(f"{_pointer(key)}: must be an RFC 3339 date-time with an offset")
-
-
 def json_text(value: Any) -> str:
     """A parsed JSON value as the compact text a component receives."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -275,64 +227,3 @@ def list_parameters(params: QueryParams) -> ListParameters:
     if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
         raise RequestInvalid("cursor: not a cursor this service gave")
     return ListParameters(attention, state, workflow, limit, cursor)
-
-
-@dataclass(frozen=True)
-class OperatorBody:
-    """A validated operator action body and the reference the audit record carries."""
-
-    body: dict[str, Any]
-    """Exactly the members the action takes, validated."""
-    reference: str | None
-    """``reason`` or ``recoveryReference`` when the action takes one."""
-
-
-def _reason_only(body: Mapping[str, Any]) -> OperatorBody:
-    exact_members(body, ("reason",))
-    reason = reference(body, "reason")
-    return OperatorBody({"reason": reason}, reason)
-
-
-def _attestation(history_flag: str) -> Callable[[Mapping[str, Any]], OperatorBody]:
-    members = ("recoveryReference", history_flag, "priorDeploymentFenced")
-
-    def validate(body: Mapping[str, Any]) -> OperatorBody:
-        exact_members(body, members)
-        ref = reference(body, "recoveryReference")
-        attested(body, history_flag)
-        attested(body, "priorDeploymentFenced")
-        return OperatorBody(
-            {"recoveryReference": ref, history_flag: True, "priorDeploymentFenced": True}, ref
-        )
-
-    return validate
-
-
-def _retain(body: Mapping[str, Any]) -> OperatorBody:
-    # dryRun is optional: without it (or false) the runs are erased.
-    exact_members({k: v for k, v in body.items() if k != "dryRun"}, ("before", "limit"))
-    before = instant(body, "before")
-    limit = bounded_int(body, "limit", 1, MAX_RETAIN_LIMIT)
-    dry_run = body.get("dryRun", False)
-    if not isinstance(dry_run, bool):
-        raise RequestInvalid(f"{_pointer('dryRun')}: must be true or false")
-    forwarded: dict[str, Any] = {"before": before, "limit": limit}
-    if dry_run:
-        forwarded["dryRun"] = True
-    return OperatorBody(forwarded, None)
-
-
-OPERATOR_BODIES: Final[Mapping[str, Callable[[Mapping[str, Any]], OperatorBody]]] = {
-    "restore-hold": _reason_only,
-    "release-restore-hold": _reason_only,
-    "complete-execution-recovery": _attestation("executionHistoryComplete"),
-    "release-admission-hold": _attestation("admissionHistoryComplete"),
-    "retain": _retain,
-}
-"""The body validator of each deployment-wide operator action that takes a body."""
-
-
-def run_action_reason(body: Mapping[str, Any]) -> str:
-    """The ``reason`` of a reconcile, retry-same or cancel body."""
-    exact_members(body, ("reason",))
-    return reference(body, "reason")

@@ -32,6 +32,7 @@ import grpc
 from starlette.requests import Request
 from starlette.responses import Response
 
+from core.actions import exact_members
 from core.codes import Code
 from core.config.model import CASEWORK, RuntimeConfig
 from core.errors import CoordinatorError
@@ -131,7 +132,7 @@ def match(credentials: Sequence[CompletionCredential], token: bytes, binding: by
 
 def review_id_of(body: dict[str, object]) -> str:
     """The ``reviewId`` of a completion body (exactly that one member, a string)."""
-    bodies.exact_members(body, ("reviewId",))
+    exact_members(body, ("reviewId",))
     value = body["reviewId"]
     if not isinstance(value, str) or not value:
         raise bodies.RequestInvalid("/reviewId: must be a non-empty string")

@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from core.actions import DEPLOYMENT_ACTIONS, RUN_ACTIONS
 from core.callers import Caller
 from core.codes import Code
-from core.config.model import DEPLOYMENT_ACTIONS, RUN_ACTIONS, Policy
+from core.config.model import Policy
 from core.errors import CoordinatorError
 
 LIST_ACTION: Final = "inspect"

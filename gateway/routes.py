@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from core.actions import DEPLOYMENT, RUN, Action, operator_actions
 from core.codes import Code
 from core.config.model import Policy
 from core.errors import CoordinatorError
@@ -36,7 +37,6 @@ log = logging.getLogger("coordinator.gateway")
 Hook = Callable[[Request, "GatewayContext"], Awaitable[Response]]
 """A handler for the unauthenticated producer routes (review completions, signed events)."""
 
-RUN_ACTIONS: Final = ("reconcile", "retry-same", "cancel")
 UUID_TEXT: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """What a run id in a path must look like to be looked up (and audited); anything else is a
 missing run at once. Looser than :func:`core.derive.is_run_id` on purpose: the audit record
@@ -207,21 +207,25 @@ async def list_runs(request: Request) -> Response:
     return _json(document)
 
 
-def _run_action(action: str) -> Callable[[Request], Awaitable[Response]]:
+def _run_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
+    assert action.body is not None  # an operator's action on a run takes a reason
+    check = action.body
+
     async def handler(request: Request) -> Response:
         ctx = context(request)
         token = await authenticate(ctx, request)
         run_id = request.path_params["runId"]
-        async with audited(ctx.backend, token, action) as note:
-            reason = bodies.run_action_reason(await bodies.read_json_object(request))
+        async with audited(ctx.backend, token, action.name) as note:
+            reason = check(await bodies.read_json_object(request)).reference
+            assert reason is not None  # a run action's body is its reason
             note.reason = reason
-            await _authorize_run(ctx, token, action, run_id, note)
+            await _authorize_run(ctx, token, action.name, run_id, note)
             document = await ctx.backend.run_action(
-                backend_caller(ctx, token), run_id, action, reason
+                backend_caller(ctx, token), run_id, action.name, reason
             )
         return _json(document)
 
-    handler.__name__ = f"run_{action.replace('-', '_')}"
+    handler.__name__ = f"run_{action.name.replace('-', '_')}"
     return handler
 
 
@@ -238,22 +242,23 @@ async def doctor(request: Request) -> Response:
     return _json(document)
 
 
-def _operator_action(action: str) -> Callable[[Request], Awaitable[Response]]:
-    validate = bodies.OPERATOR_BODIES[action]
+def _operator_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
+    assert action.body is not None  # (only the actions with a body are routed here)
+    check = action.body
 
     async def handler(request: Request) -> Response:
         ctx = context(request)
         token = await authenticate(ctx, request)
-        async with audited(ctx.backend, token, action) as note:
-            authorize_deployment(ctx.policies, token, action)
-            checked = validate(await bodies.read_json_object(request))
+        async with audited(ctx.backend, token, action.name) as note:
+            authorize_deployment(ctx.policies, token, action.name)
+            checked = check(await bodies.read_json_object(request))
             note.reason = checked.reference
             document = await ctx.backend.operator_action(
-                backend_caller(ctx, token), action, checked.body
+                backend_caller(ctx, token), action.name, checked.members
             )
         return _json(document)
 
-    handler.__name__ = f"operator_{action.replace('-', '_')}"
+    handler.__name__ = f"operator_{action.name.replace('-', '_')}"
     return handler
 
 
@@ -266,15 +271,15 @@ def main_routes() -> list[Route]:
         Route("/v1/runs/{runId}", status, methods=["GET"]),
         Route("/v1/runs/{runId}/inspection", inspection, methods=["GET"]),
     ]
+    # The operator's actions with a body (core/actions.py): a run's, then the deployment's.
     routes += [
-        Route(f"/v1/runs/{{runId}}/{action}", _run_action(action), methods=["POST"])
-        for action in RUN_ACTIONS
+        Route(action.route or "", _run_action(action), methods=[action.method])
+        for action in operator_actions(RUN)
     ]
     routes.append(Route("/v1/operator/doctor", doctor, methods=["GET"]))
-    # Every deployment-wide action but doctor takes a body, so its validator names it.
     routes += [
-        Route(f"/v1/operator/{action}", _operator_action(action), methods=["POST"])
-        for action in bodies.OPERATOR_BODIES
+        Route(action.route or "", _operator_action(action), methods=[action.method])
+        for action in operator_actions(DEPLOYMENT)
     ]
     routes += [
         Route("/v1/review-completions", review_completions, methods=["POST"]),

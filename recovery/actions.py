@@ -23,17 +23,20 @@ from recovery.retry_same import retry_same
 
 Action = Callable[[RecoveryEnv, str, str], Awaitable[dict[str, Any]]]
 
-ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
+HANDLERS: Final[Mapping[str, Action]] = MappingProxyType(
     {"reconcile": reconcile, "retry-same": retry_same, "cancel": cancel}
 )
+"""What carries out each operator action on a run (the names of
+:func:`core.actions.operator_actions`, as a test checks)."""
 
 
 async def run_action(env: RecoveryEnv, run_id: str, action: str, reason: str) -> dict[str, Any]:
     """Carry out ``action`` on ``run_id``; answers the run's status with ``result``."""
-    handler = ACTIONS.get(action)
+    handler = HANDLERS.get(action)
     if handler is None:
+        *others, last = HANDLERS
         raise CoordinatorError(
-            Code.REQUEST_INVALID, "action: must be reconcile, retry-same or cancel"
+            Code.REQUEST_INVALID, f"action: must be {', '.join(others)} or {last}"
         )
     if not REFERENCE.fullmatch(reason):
         raise CoordinatorError(

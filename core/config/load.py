@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import yamlsafe
+from core.actions import DEPLOYMENT_ACTIONS, RUN_ACTIONS
 from core.config import reader as r
 from core.config.connections import check_name, read_connections
 from core.config.context import Context, Loaded
@@ -29,14 +30,12 @@ from core.config.model import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_MAX_CONNECTIONS,
-    DEPLOYMENT_ACTIONS,
     INTERNAL_COMPONENTS,
     LOG_FORMATS,
     LOG_LEVELS,
     MAX_CONNECTIONS_LIMIT,
     MAX_HEADER_TIMEOUT_SECONDS,
     REQUIRED_INTERNAL_COMPONENTS,
-    RUN_ACTIONS,
     TLS_TERMINATION,
     Authentication,
     BindAddress,

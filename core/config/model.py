@@ -24,18 +24,6 @@ BREG_ACTION: Final = "breg-action"
 CONNECTION_TYPES: Final = (CASEWORK, MESSAGING, SCHEDULING, BREG_ACTION)
 """Every connection type a runtime file may declare."""
 
-RUN_ACTIONS: Final = ("start", "status", "inspect", "retry-same", "cancel", "reconcile")
-"""Actions on runs, scoped by a policy's ``workflows``."""
-
-DEPLOYMENT_ACTIONS: Final = (
-    "doctor",
-    "restore-hold",
-    "release-restore-hold",
-    "release-admission-hold",
-    "complete-execution-recovery",
-    "retain",
-)
-"""Actions on the whole deployment; they need ``operator: true``."""
 
 TLS_TERMINATION: Final = "operator-controlled-upstream"
 """The only accepted ``listener.tlsTermination``."""

@@ -20,8 +20,9 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
+from core.actions import DEPLOYMENT_ACTIONS
 from core.codes import Code
-from core.config.model import DEPLOYMENT_ACTIONS, Policy
+from core.config.model import Policy
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc

@@ -33,8 +33,9 @@ import core
 from admission.service import serve as serve_admission
 from auditd.service import serve as serve_auditd
 from core import deploy
+from core.actions import DEPLOYMENT_ACTIONS, RUN_ACTIONS
 from core.codes import Code
-from core.config.model import DEPLOYMENT_ACTIONS, RUN_ACTIONS, Policy
+from core.config.model import Policy
 from core.errors import CoordinatorError
 from core.runs import StartResult
 from devstack.postgres import DatabaseHandle

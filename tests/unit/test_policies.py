@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from core.actions import DEPLOYMENT_ACTIONS
 from core.codes import Code
-from core.config.model import DEPLOYMENT_ACTIONS, Policy
+from core.config.model import Policy
 from core.errors import CoordinatorError
 from gateway.policies import (
     ListScope,
