@@ -318,22 +318,3 @@ class Admitter:
                 if attempt + 1 == _ATTEMPTS:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def admit(
-    store: Store,
-    runtime: Runtime,
-    caller: Caller,
-    workflow_id: str,
-    key: str,
-    input: Any,
-) -> tuple[bool, str]:
-    """Start a run outside gRPC (for tests and tools): answer ``(created, run_id)``.
-
-    ``store`` must be an opened admission store; its activation is verified here if it was
-    not yet.
-    """
-    if store.activation is None:
-        await store.verify()
-    result = await Admitter.from_runtime(runtime, store).start(caller, workflow_id, key, input)
-    return result.created, result.run_id

@@ -9,12 +9,11 @@ its own message.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 from core.codes import Code
-from core.config.model import BindAddress, RuntimeConfig
+from core.config.model import BindAddress
 from core.errors import CoordinatorError
-from core.rpc.transport import default_socket_dir, errno_name, prepare_socket_folder
+from core.rpc.transport import errno_name
 
 
 def bind_socket(bind: BindAddress) -> socket.socket:
@@ -29,14 +28,3 @@ def bind_socket(bind: BindAddress) -> socket.socket:
         ) from None
     sock.setblocking(False)
     return sock
-
-
-def socket_folder(config: RuntimeConfig) -> Path | None:
-    """The folder of the internal Unix sockets, made ready (see :func:`prepare_socket_folder`):
-    ``deployment.internal.socketDir`` or the default folder; None with TCP addresses."""
-    internal = config.deployment.internal
-    if internal is None:
-        return prepare_socket_folder(default_socket_dir(config.namespace))
-    if internal.socket_dir is None:
-        return None
-    return prepare_socket_folder(internal.socket_dir)

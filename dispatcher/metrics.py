@@ -87,17 +87,6 @@ class DispatchMetrics:
         labels = {"connection_type": connection_type, "result": result}
         return int(self.registry.get_sample_value("coordinator_calls_total", labels) or 0)
 
-    def token_refusals(self, connection_type: str) -> int:
-        """How many token requests of ``connection_type`` were refused."""
-        labels = {"connection_type": connection_type}
-        value = self.registry.get_sample_value("coordinator_token_refusals_total", labels)
-        return int(value or 0)
-
-    def first_dispatches(self) -> int:
-        """How many runs' first commands were timed."""
-        value = self.registry.get_sample_value("coordinator_admission_to_dispatch_seconds_count")
-        return int(value or 0)
-
     def render(self) -> str:
         """Every series as Prometheus text, ending with a newline."""
         return exposition(self.registry)

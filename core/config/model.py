@@ -357,63 +357,6 @@ class RuntimeConfig:
     connections: Mapping[str, Connection]
     """Connections by name (empty when absent)."""
 
-    def secret_refs(self) -> tuple[tuple[str, SecretRef], ...]:
-        """Every reference with its key path, in file order (for custody and fingerprints)."""
-        refs: list[tuple[str, SecretRef]] = [
-            ("database.runtimeUrlRef", self.database.runtime_url_ref),
-            ("database.migrationUrlRef", self.database.migration_url_ref),
-        ]
-        if self.database.trusted_root_certificate_ref is not None:
-            refs.append(
-                ("database.trustedRootCertificateRef", self.database.trusted_root_certificate_ref)
-            )
-        for name, event_source in self.event_sources.items():
-            refs.append((f"eventSources.{name}.signingKeyRef", event_source.signing_key_ref))
-        dep = self.deployment
-        tls = dep.internal.tls if dep.internal is not None else None
-        if tls is not None:
-            refs.append(("deployment.internal.tls.certificateRef", tls.certificate_ref))
-            refs.append(("deployment.internal.tls.privateKeyRef", tls.private_key_ref))
-            refs.append(
-                (
-                    "deployment.internal.tls.trustedRootCertificateRef",
-                    tls.trusted_root_certificate_ref,
-                )
-            )
-        if dep.authentication.signing_keys.jwks_ref is not None:
-            refs.append(
-                (
-                    "deployment.authentication.signingKeys.jwksRef",
-                    dep.authentication.signing_keys.jwks_ref,
-                )
-            )
-        refs.append(("deployment.auditKeyRef", dep.audit_key_ref))
-        for position, state_key in enumerate(dep.state_keys):
-            refs.append((f"deployment.stateKeys[{position}].ref", state_key.ref))
-        refs.append(("deployment.admissionKeyRef", dep.admission_key_ref))
-        for name, connection in self.connections.items():
-            refs.append(
-                (
-                    f"connections.{name}.authorization.signingKeyRef",
-                    connection.authorization.signing_key_ref,
-                )
-            )
-            if connection.completion is not None:
-                refs.append(
-                    (
-                        f"connections.{name}.completion.bearerTokenRef",
-                        connection.completion.bearer_token_ref,
-                    )
-                )
-            if connection.trusted_root_certificate_ref is not None:
-                refs.append(
-                    (
-                        f"connections.{name}.trustedRootCertificateRef",
-                        connection.trusted_root_certificate_ref,
-                    )
-                )
-        return tuple(refs)
-
     def state_key(self, version: int) -> StateKey | None:
         """The configured state key of ``version``, if any."""
         for state_key in self.deployment.state_keys:

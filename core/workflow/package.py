@@ -335,8 +335,3 @@ def verify_package(root: Path, expected_digest: str | None) -> VerifiedPackage:
         source_bytes=source,
         workflow=workflow,
     )
-
-
-def is_digest(text: str) -> bool:
-    """Whether ``text`` has the form of a package digest (``sha256:`` + 64 lowercase hex)."""
-    return DIGEST.fullmatch(text) is not None

@@ -240,18 +240,6 @@ def load_marked_document(source: bytes) -> tuple[dict[str, Any], Marks]:
     return _mapping(document, "workflow.yaml", "a mapping of workflow keys"), marks
 
 
-def parse_source(source: bytes) -> Workflow:
-    """Parse workflow source bytes into a ``Workflow``; structure only, no cross-checks.
-
-    Refuses with the first problem, which carries every problem found (``extra["problems"]``).
-    """
-    document, marks = load_marked_document(source)
-    problems = Problems(marks)
-    draft = parse_document(document, problems)
-    problems.raise_first()
-    return draft.workflow()
-
-
 def parse_document(doc: dict[str, Any], problems: Problems) -> Draft:
     """Judge the shape of a loaded workflow document, keeping every problem."""
     draft = Draft()

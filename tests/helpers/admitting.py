@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from admission.start import Admitter
+from core.callers import Caller
 from core.errors import CoordinatorError
+from core.runtime import Runtime, Store
 from tests.helpers.serving import Served
 
 
@@ -23,3 +25,22 @@ async def refused(code: str, action: Any) -> CoordinatorError:
         await action
     assert caught.value.code == code, caught.value
     return caught.value
+
+
+async def admit(
+    store: Store,
+    runtime: Runtime,
+    caller: Caller,
+    workflow_id: str,
+    key: str,
+    input: Any,
+) -> tuple[bool, str]:
+    """Start a run outside gRPC, as the admission component does: ``(created, run_id)``.
+
+    ``store`` must be an opened admission store; its activation is verified here if it was
+    not yet.
+    """
+    if store.activation is None:
+        await store.verify()
+    result = await Admitter.from_runtime(runtime, store).start(caller, workflow_id, key, input)
+    return result.created, result.run_id

@@ -33,6 +33,7 @@ from devstack.postgres import DatabaseHandle
 from devstack.products.common import StandInSettings
 from devstack.products.messaging import MessagingStandIn
 from dispatcher.engine import Dispatcher
+from dispatcher.metrics import DispatchMetrics
 from tests.helpers.asgi_http import AsgiHttp
 from tests.helpers.base_kit import (
     ISSUER,
@@ -368,3 +369,16 @@ async def running(dispatcher: Dispatcher) -> AsyncIterator[asyncio.Task[None]]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def token_refusals(metrics: DispatchMetrics, connection_type: str) -> int:
+    """How many token requests of ``connection_type`` the dispatcher counted as refused."""
+    labels = {"connection_type": connection_type}
+    value = metrics.registry.get_sample_value("coordinator_token_refusals_total", labels)
+    return int(value or 0)
+
+
+def first_dispatches(metrics: DispatchMetrics) -> int:
+    """How many runs' first commands the dispatcher timed."""
+    value = metrics.registry.get_sample_value("coordinator_admission_to_dispatch_seconds_count")
+    return int(value or 0)

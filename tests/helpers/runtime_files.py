@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from core.config import check_runtime_file
+from core.config.model import RuntimeConfig
 from core.errors import ConfigInvalid
+from core.secrets import SecretRef
 from tests.helpers.packages import make_package
 
 DATABASE_ID = "5b8e3c1e-7d2a-4c1f-9a57-0b8f1a2d9c44"
@@ -263,3 +265,61 @@ def assert_refused_at(directory: Path, mutation: Mutation, path: str) -> None:
     assert caught.value.code == "config.invalid"
     assert caught.value.path == path
     assert caught.value.cli_line().startswith(f"coordinator.config.invalid: {path}: ")
+
+
+def secret_refs(config: RuntimeConfig) -> tuple[tuple[str, SecretRef], ...]:
+    """Every secret reference of ``config`` with its key path, in file order."""
+    refs: list[tuple[str, SecretRef]] = [
+        ("database.runtimeUrlRef", config.database.runtime_url_ref),
+        ("database.migrationUrlRef", config.database.migration_url_ref),
+    ]
+    if config.database.trusted_root_certificate_ref is not None:
+        refs.append(
+            ("database.trustedRootCertificateRef", config.database.trusted_root_certificate_ref)
+        )
+    for name, event_source in config.event_sources.items():
+        refs.append((f"eventSources.{name}.signingKeyRef", event_source.signing_key_ref))
+    dep = config.deployment
+    tls = dep.internal.tls if dep.internal is not None else None
+    if tls is not None:
+        refs.append(("deployment.internal.tls.certificateRef", tls.certificate_ref))
+        refs.append(("deployment.internal.tls.privateKeyRef", tls.private_key_ref))
+        refs.append(
+            (
+                "deployment.internal.tls.trustedRootCertificateRef",
+                tls.trusted_root_certificate_ref,
+            )
+        )
+    if dep.authentication.signing_keys.jwks_ref is not None:
+        refs.append(
+            (
+                "deployment.authentication.signingKeys.jwksRef",
+                dep.authentication.signing_keys.jwks_ref,
+            )
+        )
+    refs.append(("deployment.auditKeyRef", dep.audit_key_ref))
+    for position, state_key in enumerate(dep.state_keys):
+        refs.append((f"deployment.stateKeys[{position}].ref", state_key.ref))
+    refs.append(("deployment.admissionKeyRef", dep.admission_key_ref))
+    for name, connection in config.connections.items():
+        refs.append(
+            (
+                f"connections.{name}.authorization.signingKeyRef",
+                connection.authorization.signing_key_ref,
+            )
+        )
+        if connection.completion is not None:
+            refs.append(
+                (
+                    f"connections.{name}.completion.bearerTokenRef",
+                    connection.completion.bearer_token_ref,
+                )
+            )
+        if connection.trusted_root_certificate_ref is not None:
+            refs.append(
+                (
+                    f"connections.{name}.trustedRootCertificateRef",
+                    connection.trusted_root_certificate_ref,
+                )
+            )
+    return tuple(refs)

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from admission import start as start_module
-from admission.start import admit, canonical_input
+from admission.start import canonical_input
 from core.clock import ENV_VAR, write_test_clock
 from core.crypto import Sealed, keyring_from_config, open_
 from core.runs import RUN_STATES
 from devstack.postgres import DatabaseHandle
-from tests.helpers.admitting import admitter, refused
+from tests.helpers.admitting import admit, admitter, refused
 from tests.helpers.deployment import migration_connection
 from tests.helpers.serving import Caller, Served, served
 

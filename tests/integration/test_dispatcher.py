@@ -25,6 +25,7 @@ from tests.helpers.dispatching import (
     DispatchKit,
     ScriptedProduct,
     dispatch_kit,
+    first_dispatches,
     read_body,
     running,
     send_answer,
@@ -104,7 +105,7 @@ async def test_a_call_workflow_runs_to_succeeded_woken_by_a_notification(
     assert response["messageId"] == message_id
 
     assert accepted_calls(dispatcher.metrics) == 1
-    assert dispatcher.metrics.first_dispatches() == 1
+    assert first_dispatches(dispatcher.metrics) == 1
     # The token asked for the connection's audience as its one resource.
     assert [claims["aud"] for claims in kit.issuer.issued] == [MESSAGING]
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from admission.start import admit
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
 from devstack.postgres import DatabaseHandle
 from recovery.service import AuditProbe, serve
+from tests.helpers.admitting import admit
 from tests.helpers.serving import Caller, Served, served, serving
 
 pytestmark = pytest.mark.postgres

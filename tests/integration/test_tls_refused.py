@@ -40,7 +40,7 @@ from devstack.postgres_tls import LOOPBACK, CertificateAuthority
 from recovery import reads
 from tests.helpers.base_kit import ISSUER
 from tests.helpers.deployment import write_secret
-from tests.helpers.dispatching import CLIENT, DispatchKit, dispatch_kit
+from tests.helpers.dispatching import CLIENT, DispatchKit, dispatch_kit, token_refusals
 from tests.helpers.failing_http import FailingHttp
 from tests.helpers.pinned_clock import T0
 from tests.helpers.review_kit import CASEWORK, ReviewKit, review_kit
@@ -360,7 +360,7 @@ async def test_an_issuer_failing_tls_verification_shows_tls_refused_until_mended
         assert attention is True and step["cause"] == "tls-refused"
         doctor = await reads.doctor(recovery_store, audit_ready=True, recovery_only=False)
         assert doctor["tokenRefusals"] == []
-        assert dispatcher.metrics.token_refusals("messaging") == 0
+        assert token_refusals(dispatcher.metrics, "messaging") == 0
     finally:
         await issuer.close()
 

@@ -25,7 +25,7 @@ from devstack.postgres import DatabaseHandle
 from dispatcher.settings import DispatchSettings
 from recovery import reads
 from tests.helpers.base_kit import ISSUER
-from tests.helpers.dispatching import DispatchKit, dispatch_kit
+from tests.helpers.dispatching import DispatchKit, dispatch_kit, token_refusals
 
 pytestmark = pytest.mark.postgres
 
@@ -107,7 +107,7 @@ async def test_a_refused_token_sends_nothing_and_holds_attention_until_a_token_c
     assert "effect" not in step and "causeStatus" not in step
     doctor = await reads.doctor(recovery, audit_ready=True, recovery_only=False)
     assert doctor["tokenRefusals"] == [{"connection": "notices", "error": error}]
-    assert dispatcher.metrics.token_refusals("messaging") == 1
+    assert token_refusals(dispatcher.metrics, "messaging") == 1
     assert dispatcher.metrics.calls("messaging", "accepted") == 0
     assert 'coordinator_token_refusals_total{connection_type="messaging"} 1.0' in (
         dispatcher.metrics.render()

@@ -21,10 +21,23 @@ import pytest
 
 from core.codes import Code
 from core.config import load_runtime_file
+from core.config.model import RuntimeConfig
 from core.errors import CoordinatorError
-from core.listen import socket_folder
-from core.rpc.transport import prepare_socket_folder
+from core.rpc.transport import default_socket_dir, prepare_socket_folder
 from tests.helpers.runtime_files import complete_runtime, write_runtime
+
+
+def socket_folder(config: RuntimeConfig) -> Path | None:
+    """The folder of the internal Unix sockets, made ready as the transport makes it
+    (:func:`prepare_socket_folder`): ``deployment.internal.socketDir`` or the default
+    folder; None with TCP addresses."""
+    internal = config.deployment.internal
+    if internal is None:
+        return prepare_socket_folder(default_socket_dir(config.namespace))
+    if internal.socket_dir is None:
+        return None
+    return prepare_socket_folder(internal.socket_dir)
+
 
 COORDINATOR = str(Path(sys.executable).with_name("coordinator"))
 NOBODY = 65534

@@ -15,7 +15,13 @@ import pytest
 from core.config import check_runtime_file, load_runtime_file
 from core.errors import ConfigInvalid
 from core.secrets import SecretRef
-from tests.helpers.runtime_files import DATABASE_ID, complete_runtime, put, write_runtime
+from tests.helpers.runtime_files import (
+    DATABASE_ID,
+    complete_runtime,
+    put,
+    secret_refs,
+    write_runtime,
+)
 
 
 @pytest.fixture
@@ -117,7 +123,7 @@ def test_jwks_from_a_reference_and_internal_tcp_with_tls(
     assert internal is not None and internal.socket_dir is None and internal.tls is not None
     assert str(internal.addresses["dispatcher"]) == "10.0.0.6:7104"
     assert config.deployment.authentication.signing_keys.jwks_url is None
-    refs = dict(config.secret_refs())
+    refs = dict(secret_refs(config))
     assert refs["deployment.authentication.signingKeys.jwksRef"] == SecretRef(
         "file", "issuer-jwks.json"
     )
@@ -130,7 +136,7 @@ def test_secret_refs_lists_every_reference_with_its_key_path(
     tmp_path: Path, document: dict[str, Any]
 ) -> None:
     config = load_runtime_file(write_runtime(tmp_path / "runtime.yaml", document))
-    refs = config.secret_refs()
+    refs = secret_refs(config)
     paths = [path for path, _ in refs]
     assert len(paths) == len(set(paths)) == 16
     assert ("deployment.stateKeys[1].ref", SecretRef("file", "state-key-2")) in refs

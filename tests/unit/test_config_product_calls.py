@@ -25,6 +25,7 @@ from tests.helpers.runtime_files import (
     complete_runtime,
     put,
     refusal,
+    secret_refs,
     write_runtime,
 )
 
@@ -47,7 +48,7 @@ def test_defaults(tmp_path: Path) -> None:
         assert connection.call_timeout_seconds == 30
         assert connection.trusted_root_certificate_ref is None
     assert config.deployment.authentication.client_assertion_audience == "token-endpoint"
-    paths = [path for path, _ in config.secret_refs()]
+    paths = [path for path, _ in secret_refs(config)]
     assert not [p for p in paths if p.startswith("connections.") and "RootCertificate" in p]
 
 
@@ -91,7 +92,7 @@ def test_trusted_root_accepted_and_listed(
     config = _load(tmp_path, put(("connections", "slots", "trustedRootCertificateRef"), written))
     assert config.connections["slots"].trusted_root_certificate_ref == expected
     assert config.connections["notices"].trusted_root_certificate_ref is None
-    refs = config.secret_refs()
+    refs = secret_refs(config)
     assert ("connections.slots.trustedRootCertificateRef", expected) in refs
     paths = [path for path, _ in refs]
     assert len(paths) == len(set(paths))

@@ -14,12 +14,12 @@ import rfc8785
 
 from core.errors import PackageInvalid
 from core.workflow.package import (
+    DIGEST,
     MANIFEST,
     SOURCE,
     BuiltPackage,
     build_package,
     digest_of,
-    is_digest,
     verify_package,
 )
 
@@ -55,7 +55,7 @@ def test_manifest_is_canonical_and_the_digest_is_its_hash(built: BuiltPackage) -
     }
     assert built.digest == "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
     assert built.digest == digest_of(manifest_bytes)
-    assert is_digest(built.digest) and not is_digest(built.digest.upper())
+    assert DIGEST.fullmatch(built.digest) and not DIGEST.fullmatch(built.digest.upper())
     assert source == (EXAMPLE / "workflow.yaml").read_bytes()
 
 
