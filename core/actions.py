@@ -19,7 +19,6 @@ in recovery, and the contract's words for it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -28,6 +27,7 @@ from typing import Any, Final
 from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.rpc import coordinator_pb2 as pb
 from core.runs import MAX_RETAIN_LIMIT, REFERENCE
 from core.workflow.jsonvalue import pointer_token
 
@@ -108,6 +108,60 @@ Body = Callable[[Mapping[str, Any]], Checked]
 """What checks an action's body."""
 
 
+@dataclass(frozen=True)
+class Wire:
+    """How a deployment-wide action's checked body travels to recovery: the field of the
+    ``OperatorActionRequest`` body it fills, and the way from the members to that message
+    and back (recovery checks the members it reads back again)."""
+
+    field: str
+    """The member of ``OperatorActionRequest``'s ``body`` oneof."""
+    out: Callable[[Mapping[str, Any]], Any]
+    """The message of the checked members."""
+    back: Callable[[Any], dict[str, Any]]
+    """The members of the message, as the operator sent them."""
+
+
+REASON_WIRE: Final = Wire(
+    "reason",
+    lambda members: pb.ReasonBody(reason=members["reason"]),
+    lambda message: {"reason": message.reason},
+)
+
+
+def attestation_wire(history_flag: str) -> Wire:
+    """The wire of an attestation whose history flag is ``history_flag``."""
+    return Wire(
+        "attestation",
+        lambda members: pb.AttestationBody(
+            recovery_reference=members["recoveryReference"],
+            history_complete=members[history_flag],
+            prior_deployment_fenced=members["priorDeploymentFenced"],
+        ),
+        lambda message: {
+            "recoveryReference": message.recovery_reference,
+            history_flag: message.history_complete,
+            "priorDeploymentFenced": message.prior_deployment_fenced,
+        },
+    )
+
+
+def _retain_back(message: Any) -> dict[str, Any]:
+    members: dict[str, Any] = {"before": message.before, "limit": message.limit}
+    if message.dry_run:
+        members["dryRun"] = True
+    return members
+
+
+RETAIN_WIRE: Final = Wire(
+    "retain",
+    lambda members: pb.RetainBody(
+        before=members["before"], limit=members["limit"], dry_run=members.get("dryRun", False)
+    ),
+    _retain_back,
+)
+
+
 def reason_body(body: Mapping[str, Any]) -> Checked:
     """A body of ``reason`` alone."""
     exact_members(body, ("reason",))
@@ -147,26 +201,6 @@ def retain_body(body: Mapping[str, Any]) -> Checked:
     return Checked(members, None)
 
 
-def decoded(body_json: str) -> dict[str, Any]:
-    """A body handed over as JSON text: one object, no member named twice."""
-
-    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in found:
-                raise _invalid("the body repeats a member name")
-            found[key] = value
-        return found
-
-    try:
-        value = json.loads(body_json, object_pairs_hook=no_repeats)
-    except ValueError:
-        raise _invalid("the body is not a JSON object") from None
-    if not isinstance(value, dict):
-        raise _invalid("the body is not a JSON object")
-    return value
-
-
 # ------------------------------------------------------------------------------- the table
 
 
@@ -186,6 +220,9 @@ class Action:
     """One line for ``coordinatorctl --help`` and the console."""
     form: bool = False
     """Offered as a form on the console's run page (with a reason)."""
+    wire: Wire | None = None
+    """How its body travels to recovery, for a deployment-wide action with one (a run
+    action's reason travels in ``RunActionRequest.reason``)."""
 
     @property
     def route(self) -> str | None:
@@ -238,6 +275,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "POST",
                 reason_body,
                 "Hold execution and admissions after a restore.",
+                wire=REASON_WIRE,
             ),
             Action(
                 "release-restore-hold",
@@ -245,6 +283,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "POST",
                 reason_body,
                 "Release the execution hold once held work is resolved.",
+                wire=REASON_WIRE,
             ),
             Action(
                 "release-admission-hold",
@@ -252,6 +291,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "POST",
                 attestation_body("admissionHistoryComplete"),
                 "Reopen admissions once every spent key is established.",
+                wire=attestation_wire("admissionHistoryComplete"),
             ),
             Action(
                 "complete-execution-recovery",
@@ -259,6 +299,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "POST",
                 attestation_body("executionHistoryComplete"),
                 "Attest that the execution history after the backup is established.",
+                wire=attestation_wire("executionHistoryComplete"),
             ),
             Action(
                 "retain",
@@ -266,6 +307,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "POST",
                 retain_body,
                 "Erase the payloads of runs that ended before the cutoff (never later than now).",
+                wire=RETAIN_WIRE,
             ),
         )
     }
@@ -290,3 +332,21 @@ def check(name: str, body: Mapping[str, Any]) -> Checked:
     if action is None or action.body is None:
         raise _invalid("no such operator action")
     return action.body(body)
+
+
+def request_body(name: str, members: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``OperatorActionRequest`` body of deployment-wide action ``name`` with its
+    checked ``members``: ``{field: message}``, to pass as keyword arguments."""
+    wire = ACTIONS[name].wire
+    assert wire is not None  # every deployment-wide action with a body has its wire
+    return {wire.field: wire.out(members)}
+
+
+def members_of(name: str, request: Any) -> dict[str, Any]:
+    """The members an ``OperatorActionRequest`` carries for action ``name`` (refused when
+    the request's body is not the action's: it is checked again after this)."""
+    action = ACTIONS.get(name)
+    wire = None if action is None else action.wire
+    if wire is None or request.WhichOneof("body") != wire.field:
+        raise _invalid("no such operator action, or not its body")
+    return wire.back(getattr(request, wire.field))

@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol, cast
 
 import grpc
 
+from core import actions
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
@@ -329,9 +330,7 @@ class GrpcBackend:
         self, caller: BackendCaller, action: str, body: Mapping[str, Any]
     ) -> Document:
         request = pb.OperatorActionRequest(
-            caller=_proto_caller(caller),
-            action=action,
-            body_json=json.dumps(body, separators=(",", ":"), sort_keys=True),
+            caller=_proto_caller(caller), action=action, **actions.request_body(action, body)
         )
         reply = await call(
             "recovery", self._recovery().OperatorAction, request, timeout=self._timeout

@@ -53,10 +53,13 @@ HANDLERS: Final[Mapping[str, Handler]] = MappingProxyType(
 :func:`core.actions.operator_actions`, as a test checks)."""
 
 
-async def operator_action(env: RecoveryEnv, action: str, body_json: str) -> dict[str, Any]:
-    """Carry out the deployment-wide ``action`` with its JSON body, checked again here."""
+async def operator_action(
+    env: RecoveryEnv, action: str, members: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Carry out the deployment-wide ``action`` with the members of its body, checked again
+    here."""
     handler = HANDLERS.get(action)
     if handler is None:
         # The action name is caller text: it is not repeated back.
         raise CoordinatorError(Code.REQUEST_INVALID, "no such operator action")
-    return await handler(env, actions.check(action, actions.decoded(body_json)))
+    return await handler(env, actions.check(action, members))

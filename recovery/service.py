@@ -19,6 +19,7 @@ from typing import Final
 import grpc
 
 from core import logs
+from core.actions import members_of
 from core.bindings import verify_live_bindings
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -146,7 +147,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
     ) -> pb.Document:
         await self._activation_unchanged()
         document = await operator.operator_action(
-            self._actions_env(), request.action, request.body_json
+            self._actions_env(), request.action, members_of(request.action, request)
         )
         return pb.Document(json=document_json(document))
 

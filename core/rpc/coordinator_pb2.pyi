@@ -376,31 +376,118 @@ class RunActionRequest(_message.Message):
 Global___RunActionRequest: _TypeAlias = RunActionRequest  # noqa: Y015
 
 @_typing.final
+class ReasonBody(_message.Message):
+    """The bodies of the deployment-wide operator actions (core/actions.py says which action takes
+    which, and checks each again on arrival).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """The investigation reference."""
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReasonBody: _TypeAlias = ReasonBody  # noqa: Y015
+
+@_typing.final
+class AttestationBody(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECOVERY_REFERENCE_FIELD_NUMBER: _builtins.int
+    HISTORY_COMPLETE_FIELD_NUMBER: _builtins.int
+    PRIOR_DEPLOYMENT_FENCED_FIELD_NUMBER: _builtins.int
+    recovery_reference: _builtins.str
+    history_complete: _builtins.bool
+    """The action's history flag: executionHistoryComplete or admissionHistoryComplete."""
+    prior_deployment_fenced: _builtins.bool
+    def __init__(
+        self,
+        *,
+        recovery_reference: _builtins.str = ...,
+        history_complete: _builtins.bool = ...,
+        prior_deployment_fenced: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history_complete", b"history_complete", "prior_deployment_fenced", b"prior_deployment_fenced", "recovery_reference", b"recovery_reference"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttestationBody: _TypeAlias = AttestationBody  # noqa: Y015
+
+@_typing.final
+class RetainBody(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BEFORE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    before: _builtins.str
+    """An RFC 3339 date-time with an offset, as the operator sent it."""
+    limit: _builtins.int
+    dry_run: _builtins.bool
+    def __init__(
+        self,
+        *,
+        before: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["before", b"before", "dry_run", b"dry_run", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetainBody: _TypeAlias = RetainBody  # noqa: Y015
+
+@_typing.final
 class OperatorActionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CALLER_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
-    BODY_JSON_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ATTESTATION_FIELD_NUMBER: _builtins.int
+    RETAIN_FIELD_NUMBER: _builtins.int
     action: _builtins.str
     """restore-hold, complete-execution-recovery, release-restore-hold,
     release-admission-hold or retain
     """
-    body_json: _builtins.str
     @_builtins.property
     def caller(self) -> Global___Caller: ...
+    @_builtins.property
+    def reason(self) -> Global___ReasonBody: ...
+    @_builtins.property
+    def attestation(self) -> Global___AttestationBody: ...
+    @_builtins.property
+    def retain(self) -> Global___RetainBody: ...
     def __init__(
         self,
         *,
         caller: Global___Caller | None = ...,
         action: _builtins.str = ...,
-        body_json: _builtins.str = ...,
+        reason: Global___ReasonBody | None = ...,
+        attestation: Global___AttestationBody | None = ...,
+        retain: Global___RetainBody | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attestation", b"attestation", "body", b"body", "caller", b"caller", "reason", b"reason", "retain", b"retain"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "body_json", b"body_json", "caller", b"caller"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "attestation", b"attestation", "body", b"body", "caller", b"caller", "reason", b"reason", "retain", b"retain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["reason", "attestation", "retain"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___OperatorActionRequest: _TypeAlias = OperatorActionRequest  # noqa: Y015
 

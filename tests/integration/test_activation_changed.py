@@ -72,7 +72,7 @@ def _calls(
             "recovery",
             recovery.OperatorAction,
             pb.OperatorActionRequest(
-                caller=CALLER, action="restore-hold", body_json='{"reason":"inc-1"}'
+                caller=CALLER, action="restore-hold", reason=pb.ReasonBody(reason="inc-1")
             ),
         ),
         "start": lambda: call(

@@ -107,7 +107,7 @@ async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> 
         held = await call(
             "recovery",
             stub.OperatorAction,
-            pb.OperatorActionRequest(action="restore-hold", body_json='{"reason":"INC-1"}'),
+            pb.OperatorActionRequest(action="restore-hold", reason=pb.ReasonBody(reason="INC-1")),
         )
         # No auditd is listening here: the default probe reports the journal not ready.
         doctor = json.loads((await call("recovery", stub.Doctor, pb.Empty())).json)

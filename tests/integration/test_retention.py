@@ -66,7 +66,7 @@ async def retain(
     body: dict[str, Any] = {"before": format_instant(before), "limit": limit}
     if dry_run:
         body["dryRun"] = True
-    return await operator_action(recovery, "retain", json.dumps(body))
+    return await operator_action(recovery, "retain", body)
 
 
 def admitter(env: Served) -> Admitter:
@@ -278,7 +278,7 @@ async def test_retain_refuses_a_cutoff_later_than_now_and_erases_nothing(
 async def test_retain_takes_dry_run_only_as_a_boolean(recovery: RecoveryEnv) -> None:
     body = {"before": format_instant(T0), "limit": 1, "dryRun": "yes"}
     with pytest.raises(CoordinatorError) as caught:
-        await operator_action(recovery, "retain", json.dumps(body))
+        await operator_action(recovery, "retain", body)
     assert (caught.value.code, caught.value.detail) == (
         Code.REQUEST_INVALID,
         "/dryRun: must be true or false",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.actions import members_of
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import Endpoints, server, unix_endpoints
@@ -109,11 +109,12 @@ async def test_list_request_carries_the_scope(backend: GrpcBackend, stack: Stack
     assert not operator.only_principal and operator.attention == ""
 
 
-async def test_operator_action_sends_the_body_as_json(backend: GrpcBackend, stack: Stack) -> None:
+async def test_operator_action_sends_the_typed_body(backend: GrpcBackend, stack: Stack) -> None:
     body = {"before": "2027-01-01T00:00:00Z", "limit": 3}
     assert await backend.operator_action(CALLER, "retain", body) == {"erased": 0, "runIds": []}
     sent = stack.recovery.requests[0]
-    assert sent.action == "retain" and json.loads(sent.body_json) == body
+    assert sent.action == "retain" and sent.WhichOneof("body") == "retain"
+    assert members_of("retain", sent) == body
 
 
 async def test_run_action_refusal(backend: GrpcBackend, stack: Stack) -> None:
