@@ -30,7 +30,7 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import server
-from core.runs import document_json
+from core.runs import status_message
 from core.runtime import Runtime, Store
 from core.store_health import refuse_changed_activation, store_health
 
@@ -62,7 +62,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
             request.caller, request.workflow_id, request.idempotency_key, value
         )
         return pb.StartReply(
-            created=result.created, status_json=document_json(result.status), run_id=result.run_id
+            created=result.created, run_id=result.run_id, status=status_message(result.status)
         )
 
     @refusals
@@ -71,7 +71,7 @@ class AdmissionService(pb_grpc.AdmissionServicer):
     ) -> pb.StartReply:
         result = await self.events.start(request.source_key, request.event_id, request.data_json)
         return pb.StartReply(
-            created=result.created, status_json=document_json(result.status), run_id=result.run_id
+            created=result.created, run_id=result.run_id, status=status_message(result.status)
         )
 
     @refusals

@@ -37,6 +37,7 @@ from core.db.statements import (
     Statements,
 )
 from core.errors import CoordinatorError
+from core.rpc import coordinator_pb2 as pb
 from core.states import RunState
 
 RUN_STATES: Final = tuple(RunState)
@@ -174,6 +175,61 @@ class RunRecord:
         if self.ended_at is not None:
             doc["endedAt"] = timestamp(self.ended_at)
         return doc
+
+
+def status_message(document: Mapping[str, Any]) -> pb.RunStatus:
+    """A status document (:meth:`RunRecord.status`) as the message the components send."""
+    workflow = document["workflow"]
+    message = pb.RunStatus(
+        run_id=document["runId"],
+        workflow=pb.RunStatus.Workflow(
+            id=workflow["id"], version=workflow["version"], digest=workflow["digest"]
+        ),
+        state=document["state"],
+        attention=document["attention"],
+        cancelling=document.get("cancelling", False),
+        created_at=document["createdAt"],
+        updated_at=document["updatedAt"],
+    )
+    if "outcome" in document:
+        message.outcome = document["outcome"]
+    failure = document.get("failure")
+    if failure is not None:
+        message.failure.kind = failure["kind"]
+        if "failurePath" in failure:
+            message.failure.failure_path = failure["failurePath"]
+        if failure["step"] is not None:
+            message.failure.step = failure["step"]
+    if "endedAt" in document:
+        message.ended_at = document["endedAt"]
+    return message
+
+
+def status_document(message: pb.RunStatus) -> dict[str, Any]:
+    """The status document a :class:`pb.RunStatus` carries, member for member as
+    :meth:`RunRecord.status` made it."""
+    workflow = message.workflow
+    document: dict[str, Any] = {
+        "runId": message.run_id,
+        "workflow": {"id": workflow.id, "version": workflow.version, "digest": workflow.digest},
+        "state": message.state,
+    }
+    if message.HasField("outcome"):
+        document["outcome"] = message.outcome
+    document["attention"] = message.attention
+    if message.cancelling:
+        document["cancelling"] = True
+    if message.HasField("failure"):
+        failure: dict[str, Any] = {"kind": message.failure.kind}
+        if message.failure.HasField("failure_path"):
+            failure["failurePath"] = message.failure.failure_path
+        failure["step"] = message.failure.step if message.failure.HasField("step") else None
+        document["failure"] = failure
+    document["createdAt"] = message.created_at
+    document["updatedAt"] = message.updated_at
+    if message.HasField("ended_at"):
+        document["endedAt"] = message.ended_at
+    return document
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
-from core.runs import StartResult, refuse_recovery_only
+from core.runs import StartResult, refuse_recovery_only, status_document
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -182,7 +182,7 @@ def start_result(reply: pb.StartReply) -> StartResult:
     return StartResult(
         created=reply.created,
         run_id=reply.run_id,
-        status=parse_document(reply.status_json, "admission"),
+        status=status_document(reply.status),
     )
 
 
@@ -278,7 +278,7 @@ class GrpcBackend:
         reply = await call(
             "recovery", self._recovery().Status, pb.RunRef(run_id=run_id), timeout=self._timeout
         )
-        return parse_document(reply.json, "recovery")
+        return status_document(reply)
 
     async def inspect(self, run_id: str) -> Document:
         reply = await call(
@@ -324,7 +324,7 @@ class GrpcBackend:
             caller=_proto_caller(caller), run_id=run_id, action=action, reason=reason
         )
         reply = await call("recovery", self._recovery().RunAction, request, timeout=self._timeout)
-        return parse_document(reply.json, "recovery")
+        return {**status_document(reply.status), "result": reply.result}
 
     async def operator_action(
         self, caller: BackendCaller, action: str, body: Mapping[str, Any]

@@ -30,7 +30,7 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import call, channel, server
-from core.runs import document_json
+from core.runs import document_json, status_message
 from core.runtime import Runtime, Store
 from core.store_health import refuse_changed_activation, store_health
 from recovery import actions, operator, reads
@@ -96,9 +96,9 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         return pb.RunOwner(found=True, workflow_id=owner.workflow_id, iss=owner.iss, sub=owner.sub)
 
     @refusals
-    async def Status(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+    async def Status(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.RunStatus:
         await self._activation_unchanged()
-        return pb.Document(json=document_json(await reads.status(self.store, request.run_id)))
+        return status_message(await reads.status(self.store, request.run_id))
 
     @refusals
     async def Inspect(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
@@ -134,12 +134,12 @@ class RecoveryService(pb_grpc.RecoveryServicer):
     @refusals
     async def RunAction(
         self, request: pb.RunActionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Document:
+    ) -> pb.ActionReply:
         await self._activation_unchanged()
         document = await actions.run_action(
             self._actions_env(), request.run_id, request.action, request.reason
         )
-        return pb.Document(json=document_json(document))
+        return pb.ActionReply(status=status_message(document), result=document["result"])
 
     @refusals
     async def OperatorAction(

@@ -72,7 +72,7 @@ Global___Caller: _TypeAlias = Caller  # noqa: Y015
 
 @_typing.final
 class Document(_message.Message):
-    """An HTTP API document (status, list, inspection, doctor, ...), as JSON text."""
+    """An HTTP API document (inspection, list, doctor, an operator action's answer), as JSON text."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -173,27 +173,145 @@ class StartRequest(_message.Message):
 Global___StartRequest: _TypeAlias = StartRequest  # noqa: Y015
 
 @_typing.final
+class RunStatus(_message.Message):
+    """A run's status (CONTRACT §8.3), field for field; core/runs.py renders it as the HTTP
+    document. An optional field is absent where the document leaves its member out.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Workflow(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        ID_FIELD_NUMBER: _builtins.int
+        VERSION_FIELD_NUMBER: _builtins.int
+        DIGEST_FIELD_NUMBER: _builtins.int
+        id: _builtins.str
+        version: _builtins.str
+        digest: _builtins.str
+        def __init__(
+            self,
+            *,
+            id: _builtins.str = ...,
+            version: _builtins.str = ...,
+            digest: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "id", b"id", "version", b"version"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class Failure(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KIND_FIELD_NUMBER: _builtins.int
+        FAILURE_PATH_FIELD_NUMBER: _builtins.int
+        STEP_FIELD_NUMBER: _builtins.int
+        kind: _builtins.str
+        failure_path: _builtins.str
+        step: _builtins.str
+        def __init__(
+            self,
+            *,
+            kind: _builtins.str = ...,
+            failure_path: _builtins.str | None = ...,
+            step: _builtins.str | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_failure_path", b"_failure_path", "_step", b"_step", "failure_path", b"failure_path", "step", b"step"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_failure_path", b"_failure_path", "_step", b"_step", "failure_path", b"failure_path", "kind", b"kind", "step", b"step"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__failure_path: _TypeAlias = _typing.Literal["failure_path"]  # noqa: Y015
+        _WhichOneofArgType__failure_path: _TypeAlias = _typing.Literal["_failure_path", b"_failure_path"]  # noqa: Y015
+        _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
+        _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__failure_path) -> _WhichOneofReturnType__failure_path | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    WORKFLOW_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ATTENTION_FIELD_NUMBER: _builtins.int
+    CANCELLING_FIELD_NUMBER: _builtins.int
+    FAILURE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    state: _builtins.str
+    outcome: _builtins.str
+    attention: _builtins.bool
+    cancelling: _builtins.bool
+    """Shown only while a cancel follows the run's onCancel path."""
+    created_at: _builtins.str
+    """RFC 3339 instants, as the document shows them."""
+    updated_at: _builtins.str
+    ended_at: _builtins.str
+    @_builtins.property
+    def workflow(self) -> Global___RunStatus.Workflow: ...
+    @_builtins.property
+    def failure(self) -> Global___RunStatus.Failure: ...
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        workflow: Global___RunStatus.Workflow | None = ...,
+        state: _builtins.str = ...,
+        outcome: _builtins.str | None = ...,
+        attention: _builtins.bool = ...,
+        cancelling: _builtins.bool = ...,
+        failure: Global___RunStatus.Failure | None = ...,
+        created_at: _builtins.str = ...,
+        updated_at: _builtins.str = ...,
+        ended_at: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "workflow", b"workflow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "attention", b"attention", "cancelling", b"cancelling", "created_at", b"created_at", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "run_id", b"run_id", "state", b"state", "updated_at", b"updated_at", "workflow", b"workflow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__ended_at: _TypeAlias = _typing.Literal["ended_at"]  # noqa: Y015
+    _WhichOneofArgType__ended_at: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at"]  # noqa: Y015
+    _WhichOneofReturnType__failure: _TypeAlias = _typing.Literal["failure"]  # noqa: Y015
+    _WhichOneofArgType__failure: _TypeAlias = _typing.Literal["_failure", b"_failure"]  # noqa: Y015
+    _WhichOneofReturnType__outcome: _TypeAlias = _typing.Literal["outcome"]  # noqa: Y015
+    _WhichOneofArgType__outcome: _TypeAlias = _typing.Literal["_outcome", b"_outcome"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ended_at) -> _WhichOneofReturnType__ended_at | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__failure) -> _WhichOneofReturnType__failure | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__outcome) -> _WhichOneofReturnType__outcome | None: ...
+
+Global___RunStatus: _TypeAlias = RunStatus  # noqa: Y015
+
+@_typing.final
 class StartReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CREATED_FIELD_NUMBER: _builtins.int
-    STATUS_JSON_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
     created: _builtins.bool
     """true when this call created the run (HTTP 201), false for the same run again (200)."""
-    status_json: _builtins.str
-    """The run's status document (CONTRACT §8.3)."""
     run_id: _builtins.str
+    @_builtins.property
+    def status(self) -> Global___RunStatus: ...
     def __init__(
         self,
         *,
         created: _builtins.bool = ...,
-        status_json: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        status: Global___RunStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run_id", b"run_id", "status_json", b"status_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "run_id", b"run_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -490,6 +608,31 @@ class OperatorActionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___OperatorActionRequest: _TypeAlias = OperatorActionRequest  # noqa: Y015
+
+@_typing.final
+class ActionReply(_message.Message):
+    """What a run action did: its result word and the run's status afterwards."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    result: _builtins.str
+    @_builtins.property
+    def status(self) -> Global___RunStatus: ...
+    def __init__(
+        self,
+        *,
+        status: Global___RunStatus | None = ...,
+        result: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActionReply: _TypeAlias = ActionReply  # noqa: Y015
 
 @_typing.final
 class AuditRecord(_message.Message):

@@ -407,7 +407,7 @@ class RecoveryStub:
         self.Status = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Status',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
                 _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Inspect',
@@ -427,7 +427,7 @@ class RecoveryStub:
         self.RunAction = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/RunAction',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunActionRequest.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.ActionReply.FromString,
                 _registered_method=True)
         self.OperatorAction = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/OperatorAction',
@@ -514,7 +514,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
@@ -534,7 +534,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'RunAction': grpc.unary_unary_rpc_method_handler(
                     servicer.RunAction,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunActionRequest.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.ActionReply.SerializeToString,
             ),
             'OperatorAction': grpc.unary_unary_rpc_method_handler(
                     servicer.OperatorAction,
@@ -605,7 +605,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/Status',
             registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -713,7 +713,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/RunAction',
             registry__coordinator_dot_v1_dot_coordinator__pb2.RunActionRequest.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.ActionReply.FromString,
             options,
             channel_credentials,
             insecure,

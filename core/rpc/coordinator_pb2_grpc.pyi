@@ -134,11 +134,11 @@ class RecoveryStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RecoveryAsyncStub: ...
     GetRunOwner: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]
-    Status: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]
+    Status: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]
     Inspect: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]
     List: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.Document]
     Doctor: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]
-    RunAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.Document]
+    RunAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]
     OperatorAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]
     Check: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Health]
     Metrics: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.MetricsText]
@@ -147,11 +147,11 @@ class RecoveryStub:
 class RecoveryAsyncStub(RecoveryStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetRunOwner: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]  # type: ignore[assignment]
-    Status: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]  # type: ignore[assignment]
+    Status: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]  # type: ignore[assignment]
     Inspect: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]  # type: ignore[assignment]
     List: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
     Doctor: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]  # type: ignore[assignment]
-    RunAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
+    RunAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]  # type: ignore[assignment]
     OperatorAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
     Check: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Health]  # type: ignore[assignment]
     Metrics: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.MetricsText]  # type: ignore[assignment]
@@ -169,7 +169,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.RunRef,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.RunStatus, _abc.Awaitable[_coordinator_pb2.RunStatus]]: ...
 
     @_abc_1.abstractmethod
     def Inspect(
@@ -197,7 +197,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.RunActionRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.ActionReply, _abc.Awaitable[_coordinator_pb2.ActionReply]]: ...
 
     @_abc_1.abstractmethod
     def OperatorAction(

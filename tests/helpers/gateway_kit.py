@@ -27,7 +27,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
-from core.runs import StartResult
+from core.runs import StartResult, status_message
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
 from gateway.backend import (
@@ -284,7 +284,7 @@ class FakeAdmission(pb_grpc.AdmissionServicer):
         if request.workflow_id == "missing":
             raise CoordinatorError(Code.WORKFLOW_NOT_FOUND, "no such workflow")
         return pb.StartReply(
-            created=True, run_id=RUN_A, status_json=json.dumps(status_document(RUN_A))
+            created=True, run_id=RUN_A, status=status_message(status_document(RUN_A))
         )
 
     @refusals
@@ -320,7 +320,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
     async def Status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.run_id != RUN_A:
             raise CoordinatorError(Code.RUN_NOT_FOUND, "no such run")
-        return pb.Document(json=json.dumps(status_document(RUN_A)))
+        return status_message(status_document(RUN_A))
 
     @refusals
     async def Inspect(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

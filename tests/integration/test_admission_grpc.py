@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
+from core.runs import status_document
 from devstack.postgres import DatabaseHandle
 from tests.helpers.serving import Served, served, serving
 
@@ -50,9 +50,9 @@ async def test_start_over_grpc_answers_created_then_the_same_run(env: Served) ->
 
     assert first.created is True and again.created is False
     assert first.run_id == again.run_id
-    status = json.loads(first.status_json)
+    status = status_document(first.status)
     assert status["runId"] == first.run_id and status["state"] == "running"
-    assert json.loads(again.status_json) == status
+    assert status_document(again.status) == status
 
 
 async def test_refusals_cross_the_wire_with_code_and_pointers(env: Served) -> None:

@@ -24,6 +24,7 @@ from core.keys import resolver_for
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel, unix_endpoints
+from core.runs import status_document
 from core.runtime import Runtime, Store
 from devstack.postgres import DatabaseHandle
 from dispatcher.service import serve as serve_dispatcher
@@ -201,7 +202,7 @@ async def test_recovery_only_starts_anyway_and_inspection_shows_the_conflict(
     document = json.loads(inspection.json)
     assert document["bindingConflict"] is True
     assert document["conflictingConnections"] == ["review"]
-    assert "bindingConflict" not in json.loads(status.json)
+    assert "bindingConflict" not in status_document(status)
 
 
 async def test_the_service_prints_the_raw_code_and_exits_1(kit: ReviewKit, sockets: Path) -> None:

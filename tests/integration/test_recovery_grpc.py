@@ -13,6 +13,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
+from core.runs import status_document
 from devstack.postgres import DatabaseHandle
 from recovery.service import AuditProbe, serve
 from tests.helpers.admitting import admit
@@ -53,7 +54,7 @@ async def test_reads_over_grpc(env: Served) -> None:
     async with running(env, audit_ready) as stub:
         owner = await call("recovery", stub.GetRunOwner, pb.RunRef(run_id=run_id))
         missing = await call("recovery", stub.GetRunOwner, pb.RunRef(run_id="nope"))
-        status = json.loads((await call("recovery", stub.Status, pb.RunRef(run_id=run_id))).json)
+        status = status_document(await call("recovery", stub.Status, pb.RunRef(run_id=run_id)))
         inspection = json.loads(
             (await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))).json
         )

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from core.clock import timestamp
 from core.errors import CoordinatorError
+from core.rpc import coordinator_pb2 as pb
 from core.runs import (
     Cursor,
     Holds,
@@ -18,6 +21,8 @@ from core.runs import (
     StepRecord,
     document_json,
     inspection_document,
+    status_document,
+    status_message,
 )
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
@@ -186,3 +191,22 @@ def test_foreign_cursors_are_request_invalid(text: str) -> None:
     with pytest.raises(CoordinatorError) as caught:
         Cursor.decode(text)
     assert caught.value.code == "request.invalid"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"outcome": "approved", "state": "succeeded", "ended_at": T0},
+        {"cancelling": True},
+        {"cancelling": True, "state": "cancelled", "ended_at": T0},
+        {"failure_kind": "mapping-invalid", "failure_path": "/a/0", "failure_step": "send"},
+        {"failure_kind": "refused", "failure_step": "send", "state": "failed", "ended_at": T0},
+        {"failure_kind": "deadline-exceeded", "failure_path": "", "failure_step": None},
+        {"attention": True, "state": "held"},
+    ],
+)
+def test_a_status_crosses_the_wire_member_for_member(change: dict[str, Any]) -> None:
+    document = replace(RUN, **change).status()
+    carried = status_document(pb.RunStatus.FromString(status_message(document).SerializeToString()))
+    assert json.dumps(carried) == json.dumps(document)  # (the same members, in the same order)
