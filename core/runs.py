@@ -232,6 +232,22 @@ def status_document(message: pb.RunStatus) -> dict[str, Any]:
     return document
 
 
+def list_message(document: Mapping[str, Any]) -> pb.RunList:
+    """A run list page (``{"runs": [status…], "nextCursor": …}``) as its message."""
+    message = pb.RunList(runs=[status_message(run) for run in document["runs"]])
+    if document["nextCursor"] is not None:
+        message.next_cursor = document["nextCursor"]
+    return message
+
+
+def list_document(message: pb.RunList) -> dict[str, Any]:
+    """The run list page a :class:`pb.RunList` carries."""
+    return {
+        "runs": [status_document(run) for run in message.runs],
+        "nextCursor": message.next_cursor if message.HasField("next_cursor") else None,
+    }
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One step a run reached, as inspection shows it."""

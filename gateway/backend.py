@@ -25,7 +25,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
-from core.runs import StartResult, refuse_recovery_only, status_document
+from core.runs import StartResult, list_document, refuse_recovery_only, status_document
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -300,7 +300,7 @@ class GrpcBackend:
             principal_sub=sub,
         )
         reply = await call("recovery", self._recovery().List, request, timeout=self._timeout)
-        return parse_document(reply.json, "recovery")
+        return list_document(reply)
 
     async def doctor(self) -> Document:
         reply = await call("recovery", self._recovery().Doctor, pb.Empty(), timeout=self._timeout)

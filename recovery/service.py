@@ -30,7 +30,7 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import call, channel, server
-from core.runs import document_json, status_message
+from core.runs import document_json, list_message, status_message
 from core.runtime import Runtime, Store
 from core.store_health import refuse_changed_activation, store_health
 from recovery import actions, operator, reads
@@ -107,7 +107,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         return pb.Document(json=document_json(document))
 
     @refusals
-    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.Document:
+    async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.RunList:
         await self._activation_unchanged()
         wanted = reads.ListFilter.build(
             workflows=tuple(request.workflows),
@@ -120,7 +120,7 @@ class RecoveryService(pb_grpc.RecoveryServicer):
                 (request.principal_iss, request.principal_sub) if request.only_principal else None
             ),
         )
-        return pb.Document(json=document_json(await reads.list_runs(self.store, wanted)))
+        return list_message(await reads.list_runs(self.store, wanted))
 
     @refusals
     async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Document:

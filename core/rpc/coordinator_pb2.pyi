@@ -72,7 +72,7 @@ Global___Caller: _TypeAlias = Caller  # noqa: Y015
 
 @_typing.final
 class Document(_message.Message):
-    """An HTTP API document (inspection, list, doctor, an operator action's answer), as JSON text."""
+    """An HTTP API document (inspection, doctor, a deployment action's answer), as JSON text."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -608,6 +608,35 @@ class OperatorActionRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___OperatorActionRequest: _TypeAlias = OperatorActionRequest  # noqa: Y015
+
+@_typing.final
+class RunList(_message.Message):
+    """One page of the run list (CONTRACT §8.2): each run's status, newest first, and the cursor
+    of the next page when there is one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    NEXT_CURSOR_FIELD_NUMBER: _builtins.int
+    next_cursor: _builtins.str
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunStatus]: ...
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___RunStatus] | None = ...,
+        next_cursor: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor", "next_cursor", b"next_cursor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor", "next_cursor", b"next_cursor", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__next_cursor: _TypeAlias = _typing.Literal["next_cursor"]  # noqa: Y015
+    _WhichOneofArgType__next_cursor: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_cursor) -> _WhichOneofReturnType__next_cursor | None: ...
+
+Global___RunList: _TypeAlias = RunList  # noqa: Y015
 
 @_typing.final
 class ActionReply(_message.Message):

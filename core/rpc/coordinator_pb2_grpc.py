@@ -417,7 +417,7 @@ class RecoveryStub:
         self.List = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/List',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.ListRequest.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunList.FromString,
                 _registered_method=True)
         self.Doctor = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Doctor',
@@ -524,7 +524,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.ListRequest.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunList.SerializeToString,
             ),
             'Doctor': grpc.unary_unary_rpc_method_handler(
                     servicer.Doctor,
@@ -659,7 +659,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/List',
             registry__coordinator_dot_v1_dot_coordinator__pb2.ListRequest.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.RunList.FromString,
             options,
             channel_credentials,
             insecure,

@@ -136,7 +136,7 @@ class RecoveryStub:
     GetRunOwner: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]
     Status: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]
     Inspect: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]
-    List: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.Document]
+    List: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.RunList]
     Doctor: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]
     RunAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]
     OperatorAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]
@@ -149,7 +149,7 @@ class RecoveryAsyncStub(RecoveryStub):
     GetRunOwner: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]  # type: ignore[assignment]
     Inspect: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]  # type: ignore[assignment]
-    List: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
+    List: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.RunList]  # type: ignore[assignment]
     Doctor: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]  # type: ignore[assignment]
     RunAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]  # type: ignore[assignment]
     OperatorAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
@@ -183,7 +183,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.ListRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.RunList, _abc.Awaitable[_coordinator_pb2.RunList]]: ...
 
     @_abc_1.abstractmethod
     def Doctor(

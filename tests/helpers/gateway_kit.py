@@ -329,7 +329,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
     @refusals
     async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.requests.append(request)
-        return pb.Document(json='{"runs": [], "nextCursor": null}')
+        return pb.RunList()
 
     @refusals
     async def Doctor(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

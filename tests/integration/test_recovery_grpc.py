@@ -13,7 +13,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
-from core.runs import status_document
+from core.runs import list_document, status_document
 from devstack.postgres import DatabaseHandle
 from recovery.service import AuditProbe, serve
 from tests.helpers.admitting import admit
@@ -58,19 +58,17 @@ async def test_reads_over_grpc(env: Served) -> None:
         inspection = json.loads(
             (await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))).json
         )
-        listed = json.loads(
-            (
-                await call(
-                    "recovery",
-                    stub.List,
-                    pb.ListRequest(
-                        workflows=[WORKFLOW],
-                        only_principal=True,
-                        principal_iss=ALICE.iss,
-                        principal_sub=ALICE.sub,
-                    ),
-                )
-            ).json
+        listed = list_document(
+            await call(
+                "recovery",
+                stub.List,
+                pb.ListRequest(
+                    workflows=[WORKFLOW],
+                    only_principal=True,
+                    principal_iss=ALICE.iss,
+                    principal_sub=ALICE.sub,
+                ),
+            )
         )
         doctor = json.loads((await call("recovery", stub.Doctor, pb.Empty())).json)
         with pytest.raises(CoordinatorError) as not_found:

@@ -21,6 +21,8 @@ from core.runs import (
     StepRecord,
     document_json,
     inspection_document,
+    list_document,
+    list_message,
     status_document,
     status_message,
 )
@@ -210,3 +212,13 @@ def test_a_status_crosses_the_wire_member_for_member(change: dict[str, Any]) -> 
     document = replace(RUN, **change).status()
     carried = status_document(pb.RunStatus.FromString(status_message(document).SerializeToString()))
     assert json.dumps(carried) == json.dumps(document)  # (the same members, in the same order)
+
+
+@pytest.mark.parametrize("cursor", [None, "Y3Vyc29y"])
+def test_a_list_page_crosses_the_wire_member_for_member(cursor: str | None) -> None:
+    document = {
+        "runs": [RUN.status(), replace(RUN, id="run-2", outcome="approved").status()],
+        "nextCursor": cursor,
+    }
+    carried = list_document(pb.RunList.FromString(list_message(document).SerializeToString()))
+    assert json.dumps(carried) == json.dumps(document)
