@@ -381,7 +381,7 @@ class _Run:
 
     def send(self, send: Send, ev: Event) -> Settlement | dict[str, Any]:
         """Answer a call's command from the script, as often as the dispatcher would send it."""
-        step, op = send.step, send.operation
+        step, op = send.step, send.built.operation
         ev.request = _request_document(send.built)
         answers = self.script.calls.get(step.id)
         if answers is None:

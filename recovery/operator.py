@@ -14,22 +14,21 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from core import actions
-from core.actions import Checked
 from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
 from recovery import holds, retention
 from recovery.env import RecoveryEnv
 
-Handler = Callable[[RecoveryEnv, Checked], Awaitable[dict[str, Any]]]
+Handler = Callable[[RecoveryEnv, actions.Checked], Awaitable[dict[str, Any]]]
 
 
-def _reference(checked: Checked) -> str:
+def _reference(checked: actions.Checked) -> str:
     assert checked.reference is not None  # the action's body names its reference
     return checked.reference
 
 
-async def _retain(env: RecoveryEnv, checked: Checked) -> dict[str, Any]:
+async def _retain(env: RecoveryEnv, checked: actions.Checked) -> dict[str, Any]:
     before = parse_offset_instant(checked.members["before"])
     assert before is not None  # checked
     limit = int(checked.members["limit"])

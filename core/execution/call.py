@@ -33,10 +33,11 @@ def direct(workflow: Workflow, scope: Scope, start: str) -> Onward:
 
 @dataclass(frozen=True)
 class Built:
-    """A call's command and the request that sends it."""
+    """A call's command, the request that sends it, and the operation it calls."""
 
     command: Any
     request: ProductRequest
+    operation: Operation
 
 
 def build_request(
@@ -63,7 +64,7 @@ def build_request(
         request = adapter.build(op, binding, command, key)
     except RequestUnbuildable as unbuildable:
         return Failure("invalid-command", unbuildable.pointer)
-    return Built(command, request)
+    return Built(command, request, op)
 
 
 def answered(

@@ -30,11 +30,9 @@ from core.bindings import Binding
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.execution import call, wait_for, wait_until
-from core.execution.adapters import adapter_for
 from core.execution.onward import onward, pick
 from core.execution.settlement import Failure, Settlement
 from core.workflow import catalogue
-from core.workflow.catalogue import Operation
 from core.workflow.expr import Scope
 from core.workflow.model import (
     CallStep,
@@ -71,7 +69,6 @@ class Send:
 
     step: CallStep
     built: call.Built
-    operation: Operation
 
 
 @dataclass(frozen=True)
@@ -111,8 +108,7 @@ def _call(step: CallStep, at: Reached) -> Decision:
     built = call.build_request(at.workflow, step, at.scope, binding_of(step, at), at.key, at.stored)
     if isinstance(built, Failure):
         return Settlement.failing(built)
-    operation = adapter_for(at.workflow.connections[step.connection]).operation(step.operation)
-    return Send(step, built, operation)
+    return Send(step, built)
 
 
 def _choose(step: ChooseStep, at: Reached) -> Decision:

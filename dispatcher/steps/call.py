@@ -150,7 +150,7 @@ async def execute(
         await env.settler.conclude(claimed, decision)
         return
     assert isinstance(decision, Send)
-    command, request, op = decision.built.command, decision.built.request, decision.operation
+    command, request, op = decision.built.command, decision.built.request, decision.built.operation
     connection_type = at.workflow.connections[step.connection]
 
     try:
