@@ -24,13 +24,13 @@ from admission.events import EventAdmitter
 from admission.start import Admitter, parse_input
 from core import logs
 from core.bindings import verify_live_bindings
+from core.documents import status_message
 from core.metrics import exposition, new_registry
 from core.own_metrics import own_metrics
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import server
-from core.runs import status_message
 from core.runtime import Runtime, Store
 from core.store_health import refuse_changed_activation, store_health
 

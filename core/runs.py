@@ -2,7 +2,8 @@
 
 Admission answers a start with the status document and recovery answers status, list and
 inspection; both build them here from the same rows, so the two can never disagree about
-a run's shape. The rows these records come from (``run_read`` and ``run_steps`` in
+a run's shape (:mod:`core.documents` carries each across gRPC). The rows these records
+come from (``run_read`` and ``run_steps`` in
 ``core/db/queries/runs.sql``) carry no payload column: a document built here cannot leak an
 input, a prepared command or a product response, because none ever reaches this module.
 
@@ -18,9 +19,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -37,7 +37,6 @@ from core.db.statements import (
     Statements,
 )
 from core.errors import CoordinatorError
-from core.rpc import coordinator_pb2 as pb
 from core.states import RunState
 
 RUN_STATES: Final = tuple(RunState)
@@ -81,11 +80,6 @@ def refuse_recovery_only(recovery_only: bool) -> None:
     """
     if recovery_only:
         raise CoordinatorError(Code.ADMISSION_RECOVERY_ONLY, "this instance admits no runs")
-
-
-def document_json(document: Mapping[str, Any]) -> str:
-    """The compact JSON text a document travels as."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
 
 
 # --------------------------------------------------------------------------------- records
@@ -175,77 +169,6 @@ class RunRecord:
         if self.ended_at is not None:
             doc["endedAt"] = timestamp(self.ended_at)
         return doc
-
-
-def status_message(document: Mapping[str, Any]) -> pb.RunStatus:
-    """A status document (:meth:`RunRecord.status`) as the message the components send."""
-    workflow = document["workflow"]
-    message = pb.RunStatus(
-        run_id=document["runId"],
-        workflow=pb.RunStatus.Workflow(
-            id=workflow["id"], version=workflow["version"], digest=workflow["digest"]
-        ),
-        state=document["state"],
-        attention=document["attention"],
-        cancelling=document.get("cancelling", False),
-        created_at=document["createdAt"],
-        updated_at=document["updatedAt"],
-    )
-    if "outcome" in document:
-        message.outcome = document["outcome"]
-    failure = document.get("failure")
-    if failure is not None:
-        message.failure.kind = failure["kind"]
-        if "failurePath" in failure:
-            message.failure.failure_path = failure["failurePath"]
-        if failure["step"] is not None:
-            message.failure.step = failure["step"]
-    if "endedAt" in document:
-        message.ended_at = document["endedAt"]
-    return message
-
-
-def status_document(message: pb.RunStatus) -> dict[str, Any]:
-    """The status document a :class:`pb.RunStatus` carries, member for member as
-    :meth:`RunRecord.status` made it."""
-    workflow = message.workflow
-    document: dict[str, Any] = {
-        "runId": message.run_id,
-        "workflow": {"id": workflow.id, "version": workflow.version, "digest": workflow.digest},
-        "state": message.state,
-    }
-    if message.HasField("outcome"):
-        document["outcome"] = message.outcome
-    document["attention"] = message.attention
-    if message.cancelling:
-        document["cancelling"] = True
-    if message.HasField("failure"):
-        failure: dict[str, Any] = {"kind": message.failure.kind}
-        if message.failure.HasField("failure_path"):
-            failure["failurePath"] = message.failure.failure_path
-        failure["step"] = message.failure.step if message.failure.HasField("step") else None
-        document["failure"] = failure
-    document["createdAt"] = message.created_at
-    document["updatedAt"] = message.updated_at
-    if message.HasField("ended_at"):
-        document["endedAt"] = message.ended_at
-    return document
-
-
-def list_message(document: Mapping[str, Any]) -> pb.RunList:
-    """A run list page (``{"runs": [status…], "nextCursor": …}``) as its message."""
-    message = pb.RunList(runs=[status_message(run) for run in document["runs"]])
-    if document["nextCursor"] is not None:
-        message.next_cursor = document["nextCursor"]
-    return message
-
-
-def list_document(message: pb.RunList) -> dict[str, Any]:
-    """The run list page a :class:`pb.RunList` carries."""
-    return {
-        "runs": [status_document(run) for run in message.runs],
-        "nextCursor": message.next_cursor if message.HasField("next_cursor") else None,
-    }
 
 
 @dataclass(frozen=True)
@@ -349,7 +272,7 @@ class OperatorActionRecord:
         return {"kind": self.kind, "reason": self.reason, "at": timestamp(self.at)}
 
 
-def inspection_document(
+def inspection_of(
     run: RunRecord,
     steps: Sequence[StepRecord],
     holds: Holds,
@@ -432,8 +355,7 @@ __all__ = [
     "StartResult",
     "StepRecord",
     "check_idempotency_key",
-    "document_json",
-    "inspection_document",
+    "inspection_of",
     "read_run",
     "read_steps",
 ]

@@ -3,14 +3,14 @@
 Routes talk to a :class:`Backend`; :class:`GrpcBackend` is the real one, calling admission,
 recovery, auditd (and the dispatcher's health) over the internal channel with a deadline on
 every call. Documents that the contract defines (status, list, inspection, doctor, action
-answers) are produced by the component that owns the data and arrive as JSON text; the
-gateway parses them only to relay them. Tests give the app a fake backend instead.
+answers) are produced by the component that owns the data and arrive as typed messages;
+the gateway renders each back into its document (:mod:`core.documents`) only to relay it.
+Tests give the app a fake backend instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -18,14 +18,22 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from core import actions
 from core.codes import Code
+from core.documents import (
+    doctor_document,
+    inspection_document,
+    list_document,
+    operator_answer_document,
+    status_document,
+)
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
-from core.runs import StartResult, list_document, refuse_recovery_only, status_document
+from core.runs import StartResult, refuse_recovery_only
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -165,20 +173,22 @@ class Backend(Protocol):
         ...
 
 
-def parse_document(text: str, component: str) -> Document:
-    """The document a component answered as JSON text; anything else is ``internal``."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        # A component broke the interface: an internal failure, not the caller's doing.
-        raise CoordinatorError(Code.INTERNAL, f"the {component} component sent no JSON document")
-    return value
+def require(reply: Message, field: str, component: str) -> None:
+    """Refuse a reply that lacks the part every answer of its kind carries (``field``, a
+    sub-message or a oneof): a component broke the interface, an internal failure that is
+    not the caller's doing."""
+    present = (
+        reply.WhichOneof(field) is not None
+        if field in reply.DESCRIPTOR.oneofs_by_name
+        else reply.HasField(field)
+    )
+    if not present:
+        raise CoordinatorError(Code.INTERNAL, f"the {component} component sent an empty answer")
 
 
 def start_result(reply: pb.StartReply) -> StartResult:
     """What admission's ``Start`` or ``StartFromEvent`` answered."""
+    require(reply, "status", "admission")
     return StartResult(
         created=reply.created,
         run_id=reply.run_id,
@@ -284,7 +294,8 @@ class GrpcBackend:
         reply = await call(
             "recovery", self._recovery().Inspect, pb.RunRef(run_id=run_id), timeout=self._timeout
         )
-        return parse_document(reply.json, "recovery")
+        require(reply, "status", "recovery")
+        return inspection_document(reply)
 
     async def list(self, query: ListQuery) -> Document:
         iss, sub = query.principal or ("", "")
@@ -304,7 +315,8 @@ class GrpcBackend:
 
     async def doctor(self) -> Document:
         reply = await call("recovery", self._recovery().Doctor, pb.Empty(), timeout=self._timeout)
-        return parse_document(reply.json, "recovery")
+        require(reply, "state", "recovery")
+        return doctor_document(reply)
 
     async def run_owner(self, run_id: str) -> RunOwner | None:
         reply = await call(
@@ -335,7 +347,8 @@ class GrpcBackend:
         reply = await call(
             "recovery", self._recovery().OperatorAction, request, timeout=self._timeout
         )
-        return parse_document(reply.json, "recovery")
+        require(reply, "answer", "recovery")
+        return operator_answer_document(reply)
 
     async def append_audit(self, records: Sequence[AuditRecord]) -> None:
         request = pb.AppendRequest(records=[_proto_record(record) for record in records])

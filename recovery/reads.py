@@ -31,7 +31,7 @@ from core.runs import (
     OperatorActionRecord,
     RunRecord,
     StepRecord,
-    inspection_document,
+    inspection_of,
     read_run,
 )
 from core.runtime import Store
@@ -91,7 +91,7 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
     holds = (
         Holds(hold.execution_hold, hold.admission_hold) if hold is not None else Holds(False, False)
     )
-    document = inspection_document(
+    document = inspection_of(
         run,
         [StepRecord.from_row(row) for row in step_rows],
         holds,

@@ -22,6 +22,13 @@ from core import logs
 from core.actions import members_of
 from core.bindings import verify_live_bindings
 from core.codes import Code
+from core.documents import (
+    doctor_message,
+    inspection_message,
+    list_message,
+    operator_answer_message,
+    status_message,
+)
 from core.errors import CoordinatorError
 from core.metrics import exposition, merge, new_registry
 from core.own_metrics import own_metrics
@@ -30,7 +37,6 @@ from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
 from core.rpc.transport import call, channel, server
-from core.runs import document_json, list_message, status_message
 from core.runtime import Runtime, Store
 from core.store_health import refuse_changed_activation, store_health
 from recovery import actions, operator, reads
@@ -101,10 +107,9 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         return status_message(await reads.status(self.store, request.run_id))
 
     @refusals
-    async def Inspect(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Document:
+    async def Inspect(self, request: pb.RunRef, context: grpc.aio.ServicerContext) -> pb.Inspection:
         await self._activation_unchanged()
-        document = await reads.inspection(self.store, request.run_id)
-        return pb.Document(json=document_json(document))
+        return inspection_message(await reads.inspection(self.store, request.run_id))
 
     @refusals
     async def List(self, request: pb.ListRequest, context: grpc.aio.ServicerContext) -> pb.RunList:
@@ -123,13 +128,13 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         return list_message(await reads.list_runs(self.store, wanted))
 
     @refusals
-    async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Document:
+    async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DoctorReport:
         await self._activation_unchanged()
         audit_ready = await self.audit_ready()
         document = await reads.doctor(
             self.store, audit_ready=audit_ready, recovery_only=self.recovery_only
         )
-        return pb.Document(json=document_json(document))
+        return doctor_message(document)
 
     @refusals
     async def RunAction(
@@ -144,12 +149,12 @@ class RecoveryService(pb_grpc.RecoveryServicer):
     @refusals
     async def OperatorAction(
         self, request: pb.OperatorActionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Document:
+    ) -> pb.OperatorActionReply:
         await self._activation_unchanged()
         document = await operator.operator_action(
             self._actions_env(), request.action, members_of(request.action, request)
         )
-        return pb.Document(json=document_json(document))
+        return operator_answer_message(document)
 
     @refusals
     async def Check(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.Health:

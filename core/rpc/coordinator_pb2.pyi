@@ -4,10 +4,13 @@ isort:skip_file
 The private interface between Registry Coordinator's components.
 
 Only the gateway speaks HTTP; everything behind it speaks these services over a 0700 Unix
-socket directory or mutual TLS. Replies that become HTTP documents carry the document as
-JSON produced by the component that owns the data (the contract defines those documents,
-so the gateway relays them instead of re-deriving them). Refusals travel as gRPC status
-plus trailing metadata `coordinator-code` / `coordinator-detail` (see core/rpc/errors.py).
+socket directory or mutual TLS. Every reply that becomes an HTTP document is a message of
+its own, member for member with the document the contract defines; core/documents.py
+turns each document into its message and back, so the gateway renders what the owning
+component decided without re-deriving it. The only JSON text on this interface is what a
+client sent and the contract passes through (a start's input, an event's data).
+Refusals travel as gRPC status plus trailing metadata `coordinator-code` /
+`coordinator-detail` (see core/rpc/errors.py).
 """
 
 from collections import abc as _abc
@@ -69,27 +72,6 @@ class Caller(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Caller: _TypeAlias = Caller  # noqa: Y015
-
-@_typing.final
-class Document(_message.Message):
-    """An HTTP API document (inspection, doctor, a deployment action's answer), as JSON text."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    JSON_FIELD_NUMBER: _builtins.int
-    json: _builtins.str
-    def __init__(
-        self,
-        *,
-        json: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["json", b"json"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Document: _TypeAlias = Document  # noqa: Y015
 
 @_typing.final
 class Health(_message.Message):
@@ -662,6 +644,440 @@ class ActionReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ActionReply: _TypeAlias = ActionReply  # noqa: Y015
+
+@_typing.final
+class Holds(_message.Message):
+    """The deployment's two restore holds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_FIELD_NUMBER: _builtins.int
+    ADMISSION_FIELD_NUMBER: _builtins.int
+    execution: _builtins.bool
+    admission: _builtins.bool
+    def __init__(
+        self,
+        *,
+        execution: _builtins.bool = ...,
+        admission: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "execution", b"execution"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Holds: _TypeAlias = Holds  # noqa: Y015
+
+@_typing.final
+class Inspection(_message.Message):
+    """A run's inspection (CONTRACT §8.4): its status, its steps in the order the run reached
+    them, the holds and the latest operator actions on it, newest first.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Wait(_message.Message):
+        """What a timer or result wait waits for."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        DUE_AT_FIELD_NUMBER: _builtins.int
+        NEXT_CHECK_AT_FIELD_NUMBER: _builtins.int
+        TIMEOUT_AT_FIELD_NUMBER: _builtins.int
+        CHECKS_FIELD_NUMBER: _builtins.int
+        due_at: _builtins.str
+        next_check_at: _builtins.str
+        timeout_at: _builtins.str
+        checks: _builtins.int
+        def __init__(
+            self,
+            *,
+            due_at: _builtins.str | None = ...,
+            next_check_at: _builtins.str | None = ...,
+            timeout_at: _builtins.str | None = ...,
+            checks: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_due_at", b"_due_at", "_next_check_at", b"_next_check_at", "_timeout_at", b"_timeout_at", "due_at", b"due_at", "next_check_at", b"next_check_at", "timeout_at", b"timeout_at"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_due_at", b"_due_at", "_next_check_at", b"_next_check_at", "_timeout_at", b"_timeout_at", "checks", b"checks", "due_at", b"due_at", "next_check_at", b"next_check_at", "timeout_at", b"timeout_at"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__due_at: _TypeAlias = _typing.Literal["due_at"]  # noqa: Y015
+        _WhichOneofArgType__due_at: _TypeAlias = _typing.Literal["_due_at", b"_due_at"]  # noqa: Y015
+        _WhichOneofReturnType__next_check_at: _TypeAlias = _typing.Literal["next_check_at"]  # noqa: Y015
+        _WhichOneofArgType__next_check_at: _TypeAlias = _typing.Literal["_next_check_at", b"_next_check_at"]  # noqa: Y015
+        _WhichOneofReturnType__timeout_at: _TypeAlias = _typing.Literal["timeout_at"]  # noqa: Y015
+        _WhichOneofArgType__timeout_at: _TypeAlias = _typing.Literal["_timeout_at", b"_timeout_at"]  # noqa: Y015
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__due_at) -> _WhichOneofReturnType__due_at | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__next_check_at) -> _WhichOneofReturnType__next_check_at | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_at) -> _WhichOneofReturnType__timeout_at | None: ...
+
+    @_typing.final
+    class Step(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STEP_FIELD_NUMBER: _builtins.int
+        TYPE_FIELD_NUMBER: _builtins.int
+        STATE_FIELD_NUMBER: _builtins.int
+        ATTEMPTS_FIELD_NUMBER: _builtins.int
+        EFFECT_FIELD_NUMBER: _builtins.int
+        CAUSE_FIELD_NUMBER: _builtins.int
+        CAUSE_STATUS_FIELD_NUMBER: _builtins.int
+        WAIT_FIELD_NUMBER: _builtins.int
+        STARTED_AT_FIELD_NUMBER: _builtins.int
+        ENDED_AT_FIELD_NUMBER: _builtins.int
+        step: _builtins.str
+        type: _builtins.str
+        state: _builtins.str
+        attempts: _builtins.int
+        effect: _builtins.str
+        cause: _builtins.str
+        """Why the step's effect is unknown or why it sent nothing: a code and a status only."""
+        cause_status: _builtins.int
+        started_at: _builtins.str
+        ended_at: _builtins.str
+        @_builtins.property
+        def wait(self) -> Global___Inspection.Wait:
+            """Set for timer and result waits only."""
+
+        def __init__(
+            self,
+            *,
+            step: _builtins.str = ...,
+            type: _builtins.str = ...,
+            state: _builtins.str = ...,
+            attempts: _builtins.int = ...,
+            effect: _builtins.str | None = ...,
+            cause: _builtins.str | None = ...,
+            cause_status: _builtins.int | None = ...,
+            wait: Global___Inspection.Wait | None = ...,
+            started_at: _builtins.str = ...,
+            ended_at: _builtins.str | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "wait", b"wait"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "attempts", b"attempts", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "started_at", b"started_at", "state", b"state", "step", b"step", "type", b"type", "wait", b"wait"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__cause: _TypeAlias = _typing.Literal["cause"]  # noqa: Y015
+        _WhichOneofArgType__cause: _TypeAlias = _typing.Literal["_cause", b"_cause"]  # noqa: Y015
+        _WhichOneofReturnType__cause_status: _TypeAlias = _typing.Literal["cause_status"]  # noqa: Y015
+        _WhichOneofArgType__cause_status: _TypeAlias = _typing.Literal["_cause_status", b"_cause_status"]  # noqa: Y015
+        _WhichOneofReturnType__effect: _TypeAlias = _typing.Literal["effect"]  # noqa: Y015
+        _WhichOneofArgType__effect: _TypeAlias = _typing.Literal["_effect", b"_effect"]  # noqa: Y015
+        _WhichOneofReturnType__ended_at: _TypeAlias = _typing.Literal["ended_at"]  # noqa: Y015
+        _WhichOneofArgType__ended_at: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at"]  # noqa: Y015
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__cause) -> _WhichOneofReturnType__cause | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__cause_status) -> _WhichOneofReturnType__cause_status | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__effect) -> _WhichOneofReturnType__effect | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__ended_at) -> _WhichOneofReturnType__ended_at | None: ...
+
+    @_typing.final
+    class OperatorAction(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KIND_FIELD_NUMBER: _builtins.int
+        REASON_FIELD_NUMBER: _builtins.int
+        AT_FIELD_NUMBER: _builtins.int
+        kind: _builtins.str
+        reason: _builtins.str
+        at: _builtins.str
+        def __init__(
+            self,
+            *,
+            kind: _builtins.str = ...,
+            reason: _builtins.str | None = ...,
+            at: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_reason", b"_reason", "reason", b"reason"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_reason", b"_reason", "at", b"at", "kind", b"kind", "reason", b"reason"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__reason: _TypeAlias = _typing.Literal["reason"]  # noqa: Y015
+        _WhichOneofArgType__reason: _TypeAlias = _typing.Literal["_reason", b"_reason"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__reason) -> _WhichOneofReturnType__reason | None: ...
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    HOLDS_FIELD_NUMBER: _builtins.int
+    LAST_OPERATOR_ACTIONS_FIELD_NUMBER: _builtins.int
+    BINDING_CONFLICT_FIELD_NUMBER: _builtins.int
+    CONFLICTING_CONNECTIONS_FIELD_NUMBER: _builtins.int
+    binding_conflict: _builtins.bool
+    """Only a recovery-only instance serves a run whose live binding changed (§9.7)."""
+    @_builtins.property
+    def status(self) -> Global___RunStatus: ...
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Inspection.Step]: ...
+    @_builtins.property
+    def holds(self) -> Global___Holds: ...
+    @_builtins.property
+    def last_operator_actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Inspection.OperatorAction]: ...
+    @_builtins.property
+    def conflicting_connections(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        status: Global___RunStatus | None = ...,
+        steps: _abc.Iterable[Global___Inspection.Step] | None = ...,
+        holds: Global___Holds | None = ...,
+        last_operator_actions: _abc.Iterable[Global___Inspection.OperatorAction] | None = ...,
+        binding_conflict: _builtins.bool = ...,
+        conflicting_connections: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["holds", b"holds", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["binding_conflict", b"binding_conflict", "conflicting_connections", b"conflicting_connections", "holds", b"holds", "last_operator_actions", b"last_operator_actions", "status", b"status", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Inspection: _TypeAlias = Inspection  # noqa: Y015
+
+@_typing.final
+class DoctorReport(_message.Message):
+    """The doctor report (CONTRACT §8.6)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Workflow(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        ID_FIELD_NUMBER: _builtins.int
+        DIGEST_FIELD_NUMBER: _builtins.int
+        id: _builtins.str
+        digest: _builtins.str
+        def __init__(
+            self,
+            *,
+            id: _builtins.str = ...,
+            digest: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "id", b"id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class State(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        AUDIT_READY_FIELD_NUMBER: _builtins.int
+        STORE_READY_FIELD_NUMBER: _builtins.int
+        UNCERTAIN_FIELD_NUMBER: _builtins.int
+        HELD_FIELD_NUMBER: _builtins.int
+        DUE_JOBS_FIELD_NUMBER: _builtins.int
+        WAITING_FIELD_NUMBER: _builtins.int
+        STATE_KEY_VERSIONS_IN_USE_FIELD_NUMBER: _builtins.int
+        audit_ready: _builtins.bool
+        store_ready: _builtins.bool
+        uncertain: _builtins.int
+        held: _builtins.int
+        due_jobs: _builtins.int
+        waiting: _builtins.int
+        @_builtins.property
+        def state_key_versions_in_use(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+        def __init__(
+            self,
+            *,
+            audit_ready: _builtins.bool = ...,
+            store_ready: _builtins.bool = ...,
+            uncertain: _builtins.int = ...,
+            held: _builtins.int = ...,
+            due_jobs: _builtins.int = ...,
+            waiting: _builtins.int = ...,
+            state_key_versions_in_use: _abc.Iterable[_builtins.int] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_ready", b"audit_ready", "due_jobs", b"due_jobs", "held", b"held", "state_key_versions_in_use", b"state_key_versions_in_use", "store_ready", b"store_ready", "uncertain", b"uncertain", "waiting", b"waiting"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class TokenRefusal(_message.Message):
+        """The connection's name and the issuer's error code, nothing more."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        CONNECTION_FIELD_NUMBER: _builtins.int
+        ERROR_FIELD_NUMBER: _builtins.int
+        connection: _builtins.str
+        error: _builtins.str
+        def __init__(
+            self,
+            *,
+            connection: _builtins.str = ...,
+            error: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["connection", b"connection", "error", b"error"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ACTIVATION_READY_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    DATABASE_ID_FIELD_NUMBER: _builtins.int
+    WORKFLOWS_FIELD_NUMBER: _builtins.int
+    HOLDS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TOKEN_REFUSALS_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    activation_ready: _builtins.bool
+    schema_version: _builtins.int
+    database_id: _builtins.str
+    mode: _builtins.str
+    """ordinary or recovery-only"""
+    @_builtins.property
+    def workflows(self) -> _containers.RepeatedCompositeFieldContainer[Global___DoctorReport.Workflow]: ...
+    @_builtins.property
+    def holds(self) -> Global___Holds: ...
+    @_builtins.property
+    def state(self) -> Global___DoctorReport.State: ...
+    @_builtins.property
+    def token_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___DoctorReport.TokenRefusal]: ...
+    def __init__(
+        self,
+        *,
+        activation_ready: _builtins.bool = ...,
+        schema_version: _builtins.int = ...,
+        database_id: _builtins.str = ...,
+        workflows: _abc.Iterable[Global___DoctorReport.Workflow] | None = ...,
+        holds: Global___Holds | None = ...,
+        state: Global___DoctorReport.State | None = ...,
+        token_refusals: _abc.Iterable[Global___DoctorReport.TokenRefusal] | None = ...,
+        mode: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["holds", b"holds", "state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation_ready", b"activation_ready", "database_id", b"database_id", "holds", b"holds", "mode", b"mode", "schema_version", b"schema_version", "state", b"state", "token_refusals", b"token_refusals", "workflows", b"workflows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DoctorReport: _TypeAlias = DoctorReport  # noqa: Y015
+
+@_typing.final
+class HoldAnswer(_message.Message):
+    """What restore-hold, complete-execution-recovery and the two releases answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Snapshot(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STEPS_FIELD_NUMBER: _builtins.int
+        RUNS_FIELD_NUMBER: _builtins.int
+        steps: _builtins.int
+        runs: _builtins.int
+        def __init__(
+            self,
+            *,
+            steps: _builtins.int = ...,
+            runs: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs", "steps", b"steps"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    HOLDS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    EXECUTION_RECOVERED_AT_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    execution_recovered_at: _builtins.str
+    """complete-execution-recovery only."""
+    @_builtins.property
+    def holds(self) -> Global___Holds: ...
+    @_builtins.property
+    def snapshot(self) -> Global___HoldAnswer.Snapshot:
+        """restore-hold only: what its snapshot holds for review."""
+
+    def __init__(
+        self,
+        *,
+        holds: Global___Holds | None = ...,
+        epoch: _builtins.int = ...,
+        snapshot: Global___HoldAnswer.Snapshot | None = ...,
+        execution_recovered_at: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_execution_recovered_at", b"_execution_recovered_at", "execution_recovered_at", b"execution_recovered_at", "holds", b"holds", "snapshot", b"snapshot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_execution_recovered_at", b"_execution_recovered_at", "epoch", b"epoch", "execution_recovered_at", b"execution_recovered_at", "holds", b"holds", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__execution_recovered_at: _TypeAlias = _typing.Literal["execution_recovered_at"]  # noqa: Y015
+    _WhichOneofArgType__execution_recovered_at: _TypeAlias = _typing.Literal["_execution_recovered_at", b"_execution_recovered_at"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__execution_recovered_at) -> _WhichOneofReturnType__execution_recovered_at | None: ...
+
+Global___HoldAnswer: _TypeAlias = HoldAnswer  # noqa: Y015
+
+@_typing.final
+class RetainAnswer(_message.Message):
+    """What retain answers; a dry run names the runs it would erase and erases none."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    ERASED_FIELD_NUMBER: _builtins.int
+    WOULD_ERASE_FIELD_NUMBER: _builtins.int
+    RUN_IDS_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    erased: _builtins.int
+    would_erase: _builtins.int
+    @_builtins.property
+    def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        dry_run: _builtins.bool = ...,
+        erased: _builtins.int = ...,
+        would_erase: _builtins.int = ...,
+        run_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "erased", b"erased", "run_ids", b"run_ids", "would_erase", b"would_erase"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetainAnswer: _TypeAlias = RetainAnswer  # noqa: Y015
+
+@_typing.final
+class OperatorActionReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLD_FIELD_NUMBER: _builtins.int
+    RETAIN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hold(self) -> Global___HoldAnswer: ...
+    @_builtins.property
+    def retain(self) -> Global___RetainAnswer: ...
+    def __init__(
+        self,
+        *,
+        hold: Global___HoldAnswer | None = ...,
+        retain: Global___RetainAnswer | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "hold", b"hold", "retain", b"retain"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "hold", b"hold", "retain", b"retain"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["hold", "retain"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
+
+Global___OperatorActionReply: _TypeAlias = OperatorActionReply  # noqa: Y015
 
 @_typing.final
 class AuditRecord(_message.Message):

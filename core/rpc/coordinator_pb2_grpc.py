@@ -412,7 +412,7 @@ class RecoveryStub:
         self.Inspect = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Inspect',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Inspection.FromString,
                 _registered_method=True)
         self.List = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/List',
@@ -422,7 +422,7 @@ class RecoveryStub:
         self.Doctor = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Doctor',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Empty.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.DoctorReport.FromString,
                 _registered_method=True)
         self.RunAction = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/RunAction',
@@ -432,7 +432,7 @@ class RecoveryStub:
         self.OperatorAction = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/OperatorAction',
                 request_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionRequest.SerializeToString,
-                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+                response_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionReply.FromString,
                 _registered_method=True)
         self.Check = channel.unary_unary(
                 '/registry_coordinator.v1.Recovery/Check',
@@ -519,7 +519,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Inspection.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
@@ -529,7 +529,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'Doctor': grpc.unary_unary_rpc_method_handler(
                     servicer.Doctor,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Empty.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.DoctorReport.SerializeToString,
             ),
             'RunAction': grpc.unary_unary_rpc_method_handler(
                     servicer.RunAction,
@@ -539,7 +539,7 @@ def add_RecoveryServicer_to_server(servicer, server):
             'OperatorAction': grpc.unary_unary_rpc_method_handler(
                     servicer.OperatorAction,
                     request_deserializer=registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionRequest.FromString,
-                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.Document.SerializeToString,
+                    response_serializer=registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionReply.SerializeToString,
             ),
             'Check': grpc.unary_unary_rpc_method_handler(
                     servicer.Check,
@@ -632,7 +632,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/Inspect',
             registry__coordinator_dot_v1_dot_coordinator__pb2.RunRef.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.Inspection.FromString,
             options,
             channel_credentials,
             insecure,
@@ -686,7 +686,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/Doctor',
             registry__coordinator_dot_v1_dot_coordinator__pb2.Empty.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.DoctorReport.FromString,
             options,
             channel_credentials,
             insecure,
@@ -740,7 +740,7 @@ class Recovery:
             target,
             '/registry_coordinator.v1.Recovery/OperatorAction',
             registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionRequest.SerializeToString,
-            registry__coordinator_dot_v1_dot_coordinator__pb2.Document.FromString,
+            registry__coordinator_dot_v1_dot_coordinator__pb2.OperatorActionReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,10 +4,13 @@ isort:skip_file
 The private interface between Registry Coordinator's components.
 
 Only the gateway speaks HTTP; everything behind it speaks these services over a 0700 Unix
-socket directory or mutual TLS. Replies that become HTTP documents carry the document as
-JSON produced by the component that owns the data (the contract defines those documents,
-so the gateway relays them instead of re-deriving them). Refusals travel as gRPC status
-plus trailing metadata `coordinator-code` / `coordinator-detail` (see core/rpc/errors.py).
+socket directory or mutual TLS. Every reply that becomes an HTTP document is a message of
+its own, member for member with the document the contract defines; core/documents.py
+turns each document into its message and back, so the gateway renders what the owning
+component decided without re-deriving it. The only JSON text on this interface is what a
+client sent and the contract passes through (a start's input, an event's data).
+Refusals travel as gRPC status plus trailing metadata `coordinator-code` /
+`coordinator-detail` (see core/rpc/errors.py).
 """
 
 from collections import abc as _abc
@@ -135,11 +138,11 @@ class RecoveryStub:
     def __new__(cls, channel: _aio.Channel) -> RecoveryAsyncStub: ...
     GetRunOwner: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]
     Status: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]
-    Inspect: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]
+    Inspect: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Inspection]
     List: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.RunList]
-    Doctor: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]
+    Doctor: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.DoctorReport]
     RunAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]
-    OperatorAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]
+    OperatorAction: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.OperatorActionReply]
     Check: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Health]
     Metrics: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.MetricsText]
 
@@ -148,11 +151,11 @@ class RecoveryAsyncStub(RecoveryStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetRunOwner: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunOwner]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.RunStatus]  # type: ignore[assignment]
-    Inspect: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Document]  # type: ignore[assignment]
+    Inspect: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunRef, _coordinator_pb2.Inspection]  # type: ignore[assignment]
     List: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListRequest, _coordinator_pb2.RunList]  # type: ignore[assignment]
-    Doctor: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Document]  # type: ignore[assignment]
+    Doctor: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.DoctorReport]  # type: ignore[assignment]
     RunAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RunActionRequest, _coordinator_pb2.ActionReply]  # type: ignore[assignment]
-    OperatorAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.Document]  # type: ignore[assignment]
+    OperatorAction: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.OperatorActionRequest, _coordinator_pb2.OperatorActionReply]  # type: ignore[assignment]
     Check: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.Health]  # type: ignore[assignment]
     Metrics: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.Empty, _coordinator_pb2.MetricsText]  # type: ignore[assignment]
 
@@ -176,7 +179,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.RunRef,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.Inspection, _abc.Awaitable[_coordinator_pb2.Inspection]]: ...
 
     @_abc_1.abstractmethod
     def List(
@@ -190,7 +193,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.Empty,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.DoctorReport, _abc.Awaitable[_coordinator_pb2.DoctorReport]]: ...
 
     @_abc_1.abstractmethod
     def RunAction(
@@ -204,7 +207,7 @@ class RecoveryServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _coordinator_pb2.OperatorActionRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_coordinator_pb2.Document, _abc.Awaitable[_coordinator_pb2.Document]]: ...
+    ) -> _typing.Union[_coordinator_pb2.OperatorActionReply, _abc.Awaitable[_coordinator_pb2.OperatorActionReply]]: ...
 
     @_abc_1.abstractmethod
     def Check(

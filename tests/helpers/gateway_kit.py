@@ -23,11 +23,12 @@ from jwt.algorithms import ECAlgorithm
 from core.actions import DEPLOYMENT_ACTIONS
 from core.codes import Code
 from core.config.model import Policy
+from core.documents import status_message
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.errors import refusals
-from core.runs import StartResult, status_message
+from core.runs import StartResult
 from gateway.app import create_app
 from gateway.auth import StaticJwksSource, TokenVerifier
 from gateway.backend import (
@@ -324,7 +325,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
 
     @refusals
     async def Inspect(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return pb.Document(json="[1, 2]")  # not an object: a broken component
+        return pb.Inspection()  # no run status: a broken component
 
     @refusals
     async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -333,7 +334,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
 
     @refusals
     async def Doctor(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return pb.Document(json='{"schemaVersion": 4}')
+        return pb.DoctorReport(schema_version=4, state=pb.DoctorReport.State())
 
     @refusals
     async def RunAction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -343,7 +344,7 @@ class FakeRecovery(pb_grpc.RecoveryServicer):
     @refusals
     async def OperatorAction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.requests.append(request)
-        return pb.Document(json='{"erased": 0, "runIds": []}')
+        return pb.OperatorActionReply(retain=pb.RetainAnswer(erased=0))
 
     @refusals
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

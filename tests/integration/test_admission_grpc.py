@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from admission.service import serve
+from core.documents import status_document
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
-from core.runs import status_document
 from devstack.postgres import DatabaseHandle
 from tests.helpers.serving import Served, served, serving
 

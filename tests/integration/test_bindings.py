@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import shutil
 import subprocess
 import sys
@@ -19,12 +18,12 @@ import pytest
 
 from admission.service import serve as serve_admission
 from core.bindings import verify_live_bindings
+from core.documents import inspection_document, status_document
 from core.errors import CoordinatorError
 from core.keys import resolver_for
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel, unix_endpoints
-from core.runs import status_document
 from core.runtime import Runtime, Store
 from devstack.postgres import DatabaseHandle
 from dispatcher.service import serve as serve_dispatcher
@@ -199,7 +198,7 @@ async def test_recovery_only_starts_anyway_and_inspection_shows_the_conflict(
         inspection = await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))
         status = await call("recovery", stub.Status, pb.RunRef(run_id=run_id))
 
-    document = json.loads(inspection.json)
+    document = inspection_document(inspection)
     assert document["bindingConflict"] is True
     assert document["conflictingConnections"] == ["review"]
     assert "bindingConflict" not in status_document(status)

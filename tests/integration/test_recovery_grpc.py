@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from core.documents import (
+    doctor_document,
+    inspection_document,
+    list_document,
+    operator_answer_document,
+    status_document,
+)
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import call, channel
-from core.runs import list_document, status_document
 from devstack.postgres import DatabaseHandle
 from recovery.service import AuditProbe, serve
 from tests.helpers.admitting import admit
@@ -55,8 +60,8 @@ async def test_reads_over_grpc(env: Served) -> None:
         owner = await call("recovery", stub.GetRunOwner, pb.RunRef(run_id=run_id))
         missing = await call("recovery", stub.GetRunOwner, pb.RunRef(run_id="nope"))
         status = status_document(await call("recovery", stub.Status, pb.RunRef(run_id=run_id)))
-        inspection = json.loads(
-            (await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))).json
+        inspection = inspection_document(
+            await call("recovery", stub.Inspect, pb.RunRef(run_id=run_id))
         )
         listed = list_document(
             await call(
@@ -70,7 +75,7 @@ async def test_reads_over_grpc(env: Served) -> None:
                 ),
             )
         )
-        doctor = json.loads((await call("recovery", stub.Doctor, pb.Empty())).json)
+        doctor = doctor_document(await call("recovery", stub.Doctor, pb.Empty()))
         with pytest.raises(CoordinatorError) as not_found:
             await call("recovery", stub.Status, pb.RunRef(run_id="nope"))
         with pytest.raises(CoordinatorError) as bad_limit:
@@ -109,7 +114,7 @@ async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> 
             pb.OperatorActionRequest(action="restore-hold", reason=pb.ReasonBody(reason="INC-1")),
         )
         # No auditd is listening here: the default probe reports the journal not ready.
-        doctor = json.loads((await call("recovery", stub.Doctor, pb.Empty())).json)
+        doctor = doctor_document(await call("recovery", stub.Doctor, pb.Empty()))
         health = await call("recovery", stub.Check, pb.Empty())
         metrics = await call("recovery", stub.Metrics, pb.Empty())
 
@@ -118,7 +123,7 @@ async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> 
     # An empty body is refused as malformed before anything is done.
     assert operator_action.value.code == "request.invalid"
     # A valid one answers its document, and the doctor sees the holds it set.
-    assert json.loads(held.json)["holds"] == {"execution": True, "admission": True}
+    assert operator_answer_document(held)["holds"] == {"execution": True, "admission": True}
     assert doctor["holds"] == {"execution": True, "admission": True}
     assert doctor["state"]["auditReady"] is False
     assert (health.store_ready, health.activation_ready, list(health.reasons)) == (True, True, [])

@@ -124,11 +124,11 @@ async def test_run_action_refusal(backend: GrpcBackend, stack: Stack) -> None:
     assert stack.recovery.requests[0].reason == "INC-1"
 
 
-async def test_a_broken_document_is_an_internal_failure(backend: GrpcBackend) -> None:
+async def test_an_answer_without_its_run_is_an_internal_failure(backend: GrpcBackend) -> None:
     with pytest.raises(CoordinatorError) as broken:
         await backend.inspect(RUN_A)
     assert broken.value.code == "internal"
-    assert await backend.doctor() == {"schemaVersion": 4}
+    assert (await backend.doctor())["schemaVersion"] == 4
 
 
 async def test_audit_append_and_its_failure(backend: GrpcBackend, stack: Stack) -> None:

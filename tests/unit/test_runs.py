@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 
 from core.clock import timestamp
 from core.errors import CoordinatorError
-from core.rpc import coordinator_pb2 as pb
 from core.runs import (
     Cursor,
     Holds,
     OperatorActionRecord,
     RunRecord,
     StepRecord,
-    document_json,
-    inspection_document,
-    list_document,
-    list_message,
-    status_document,
-    status_message,
+    inspection_of,
 )
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
@@ -135,7 +127,7 @@ def test_steps_show_effects_and_waits() -> None:
         step(2, step_type="wait-until", state="waiting", due_at=due),
         step(4, state="uncertain", effect="unknown", attempts=2),
     ]
-    doc = inspection_document(
+    doc = inspection_of(
         RUN,
         steps,
         Holds(execution=True, admission=False),
@@ -166,10 +158,6 @@ def test_steps_show_effects_and_waits() -> None:
     assert doc["runId"] == RUN.id and doc["state"] == "running"
 
 
-def test_document_json_is_compact_and_keeps_unicode() -> None:
-    assert document_json({"a": [1, "é"]}) == '{"a":[1,"é"]}'
-
-
 def test_cursors_round_trip_with_microseconds() -> None:
     cursor = Cursor(T0, RUN.id)
     text = cursor.encode()
@@ -193,32 +181,3 @@ def test_foreign_cursors_are_request_invalid(text: str) -> None:
     with pytest.raises(CoordinatorError) as caught:
         Cursor.decode(text)
     assert caught.value.code == "request.invalid"
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {},
-        {"outcome": "approved", "state": "succeeded", "ended_at": T0},
-        {"cancelling": True},
-        {"cancelling": True, "state": "cancelled", "ended_at": T0},
-        {"failure_kind": "mapping-invalid", "failure_path": "/a/0", "failure_step": "send"},
-        {"failure_kind": "refused", "failure_step": "send", "state": "failed", "ended_at": T0},
-        {"failure_kind": "deadline-exceeded", "failure_path": "", "failure_step": None},
-        {"attention": True, "state": "held"},
-    ],
-)
-def test_a_status_crosses_the_wire_member_for_member(change: dict[str, Any]) -> None:
-    document = replace(RUN, **change).status()
-    carried = status_document(pb.RunStatus.FromString(status_message(document).SerializeToString()))
-    assert json.dumps(carried) == json.dumps(document)  # (the same members, in the same order)
-
-
-@pytest.mark.parametrize("cursor", [None, "Y3Vyc29y"])
-def test_a_list_page_crosses_the_wire_member_for_member(cursor: str | None) -> None:
-    document = {
-        "runs": [RUN.status(), replace(RUN, id="run-2", outcome="approved").status()],
-        "nextCursor": cursor,
-    }
-    carried = list_document(pb.RunList.FromString(list_message(document).SerializeToString()))
-    assert json.dumps(carried) == json.dumps(document)
