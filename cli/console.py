@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cli import api
 from core import clock
-from core.actions import RUN, operator_actions
+from core.actions import ACTIONS, RUN, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.workflow.graph import run_picture
@@ -462,7 +462,7 @@ class Console:
             async with gate:
                 try:
                     found: dict[str, Any] = await self.api.call(
-                        "GET", f"/v1/runs/{quote(run_id, safe='')}/inspection"
+                        "GET", ACTIONS["inspect"].path(runId=run_id)
                     )
                 except Refused:
                     return None  # ended or erased meanwhile: the row shows the status alone
@@ -480,7 +480,7 @@ class Console:
     ) -> Response:
         run_id = request.path_params["run_id"]
         try:
-            inspection = await self.api.call("GET", f"/v1/runs/{quote(run_id, safe='')}/inspection")
+            inspection = await self.api.call("GET", ACTIONS["inspect"].path(runId=run_id))
         except Refused as refused:
             return self.problem_page(refused.problem, session, "Run")
         steps = list(inspection.get("steps") or [])
@@ -511,7 +511,7 @@ class Console:
 
     async def doctor(self, request: Request, session: str) -> Response:
         try:
-            report = await self.api.call("GET", "/v1/operator/doctor")
+            report = await self.api.call("GET", ACTIONS["doctor"].path())
         except Refused as refused:
             return self.problem_page(refused.problem, session, "Doctor")
         return self.page("doctor.html", session, report=report)
@@ -532,7 +532,7 @@ class Console:
         try:
             answer = await self.api.call(
                 "POST",
-                f"/v1/runs/{quote(run_id, safe='')}/{action}",
+                ACTIONS[action].path(runId=run_id),
                 body={"reason": form.get("reason", "")},
             )
         except Refused as refused:

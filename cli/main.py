@@ -569,7 +569,7 @@ def doctor(
     ctx: typer.Context, url: UrlOpt = None, token_file: TokenOpt = None, output: OutputOpt = None
 ) -> None:
     client, g = _api_opts(ctx, url, token_file, output)
-    render.emit(client.request("GET", "/v1/operator/doctor"), g.output)
+    render.emit(client.request("GET", ACTIONS["doctor"].path()), g.output)
 
 
 @app.command("list")
@@ -639,7 +639,7 @@ def status(
     output: OutputOpt = None,
 ) -> None:
     client, g = _api_opts(ctx, url, token_file, output)
-    render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}"), g.output)
+    render.emit(client.request("GET", ACTIONS["status"].path(runId=_path_segment(run))), g.output)
 
 
 @app.command("inspect", help=ACTIONS["inspect"].help)
@@ -651,7 +651,7 @@ def inspect(
     output: OutputOpt = None,
 ) -> None:
     client, g = _api_opts(ctx, url, token_file, output)
-    render.emit(client.request("GET", f"/v1/runs/{_path_segment(run)}/inspection"), g.output)
+    render.emit(client.request("GET", ACTIONS["inspect"].path(runId=_path_segment(run))), g.output)
 
 
 def _path_segment(value: str) -> str:
@@ -698,7 +698,7 @@ def start(
         )
     body = client.request(
         "POST",
-        f"/v1/workflows/{_path_segment(workflow)}/runs",
+        ACTIONS["start"].path(workflowId=_path_segment(workflow)),
         body={"input": document},
         headers={"Idempotency-Key": key},
     )
@@ -710,7 +710,7 @@ def _run_action(ctx: typer.Context, action: str, run: str, reason: str, g_opts: 
     api.check_reference("--reason", reason)
     client, g = _api_opts(ctx, url, token_file, output)
     body = client.request(
-        "POST", f"/v1/runs/{_path_segment(run)}/{action}", body={"reason": reason}
+        "POST", ACTIONS[action].path(runId=_path_segment(run)), body={"reason": reason}
     )
     render.emit(body, g.output)
 
@@ -809,7 +809,7 @@ def retain(
     if dry_run:
         request["dryRun"] = True
     client, g = _api_opts(ctx, url, token_file, output)
-    body = client.request("POST", "/v1/operator/retain", body=request)
+    body = client.request("POST", ACTIONS["retain"].path(), body=request)
     if not every:
         render.emit(body, g.output)
         return
@@ -823,17 +823,17 @@ def retain(
         if int(body.get("erased", 0)) < limit:
             break
         typer.echo(f"erased {erased} so far", err=True)
-        body = client.request("POST", "/v1/operator/retain", body=request)
+        body = client.request("POST", ACTIONS["retain"].path(), body=request)
     render.emit(
         {"before": request["before"], "erased": erased, "calls": calls, "runIds": run_ids},
         g.output,
     )
 
 
-def _operator_action(ctx: typer.Context, route: str, body: dict[str, Any], g_opts: Any) -> None:
+def _operator_action(ctx: typer.Context, action: str, body: dict[str, Any], g_opts: Any) -> None:
     url, token_file, output = g_opts
     client, g = _api_opts(ctx, url, token_file, output)
-    render.emit(client.request("POST", f"/v1/operator/{route}", body=body), g.output)
+    render.emit(client.request("POST", ACTIONS[action].path(), body=body), g.output)
 
 
 @app.command("restore-hold", help=ACTIONS["restore-hold"].help)

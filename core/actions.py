@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
+from urllib.parse import quote
 
 from core.clock import parse_offset_instant
 from core.codes import Code
@@ -213,6 +214,9 @@ class Action:
     """:data:`RUN` or :data:`DEPLOYMENT`."""
     method: str
     """How it is asked for: ``GET`` (reads) or ``POST``."""
+    route: str
+    """Where it is asked for: the API path, with ``{runId}`` or ``{workflowId}`` standing for
+    the resource (the gateway's route, the CLI's and the console's request)."""
     body: Body | None
     """What checks its body; ``None`` for an action without one, or whose body is not an
     operator's (a start's input is the workflow's to check)."""
@@ -224,30 +228,41 @@ class Action:
     """How its body travels to recovery, for a deployment-wide action with one (a run
     action's reason travels in ``RunActionRequest.reason``)."""
 
-    @property
-    def route(self) -> str | None:
-        """The route an operator action with a body is posted to (``None`` for the others,
-        whose routes are the API's resources)."""
-        if self.body is None:
-            return None
-        if self.scope == RUN:
-            return f"/v1/runs/{{runId}}/{self.name}"
-        return f"/v1/operator/{self.name}"
+    def path(self, **segments: str) -> str:
+        """The request path of this action with each ``{name}`` of :attr:`route` filled in
+        from ``segments`` (percent-encoded, so a value is always one path segment)."""
+        path = self.route
+        for name, value in segments.items():
+            path = path.replace("{" + name + "}", quote(value, safe=""))
+        return path
 
 
 ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
     {
         action.name: action
         for action in (
-            Action("start", RUN, "POST", None, "Start a run of a workflow."),
-            Action("status", RUN, "GET", None, "One run's status."),
             Action(
-                "inspect", RUN, "GET", None, "One run's steps, effects and waits (never payloads)."
+                "start",
+                RUN,
+                "POST",
+                "/v1/workflows/{workflowId}/runs",
+                None,
+                "Start a run of a workflow.",
+            ),
+            Action("status", RUN, "GET", "/v1/runs/{runId}", None, "One run's status."),
+            Action(
+                "inspect",
+                RUN,
+                "GET",
+                "/v1/runs/{runId}/inspection",
+                None,
+                "One run's steps, effects and waits (never payloads).",
             ),
             Action(
                 "retry-same",
                 RUN,
                 "POST",
+                "/v1/runs/{runId}/retry-same",
                 reason_body,
                 "Resend an uncertain command with its original key.",
                 form=True,
@@ -256,6 +271,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "cancel",
                 RUN,
                 "POST",
+                "/v1/runs/{runId}/cancel",
                 reason_body,
                 "Cancel a run (its onCancel path runs where one exists).",
                 form=True,
@@ -264,15 +280,24 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "reconcile",
                 RUN,
                 "POST",
+                "/v1/runs/{runId}/reconcile",
                 reason_body,
                 "Ask the product for its receipt of an uncertain command.",
                 form=True,
             ),
-            Action("doctor", DEPLOYMENT, "GET", None, "The deployment's doctor report."),
+            Action(
+                "doctor",
+                DEPLOYMENT,
+                "GET",
+                "/v1/operator/doctor",
+                None,
+                "The deployment's doctor report.",
+            ),
             Action(
                 "restore-hold",
                 DEPLOYMENT,
                 "POST",
+                "/v1/operator/restore-hold",
                 reason_body,
                 "Hold execution and admissions after a restore.",
                 wire=REASON_WIRE,
@@ -281,6 +306,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "release-restore-hold",
                 DEPLOYMENT,
                 "POST",
+                "/v1/operator/release-restore-hold",
                 reason_body,
                 "Release the execution hold once held work is resolved.",
                 wire=REASON_WIRE,
@@ -289,6 +315,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "release-admission-hold",
                 DEPLOYMENT,
                 "POST",
+                "/v1/operator/release-admission-hold",
                 attestation_body("admissionHistoryComplete"),
                 "Reopen admissions once every spent key is established.",
                 wire=attestation_wire("admissionHistoryComplete"),
@@ -297,6 +324,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "complete-execution-recovery",
                 DEPLOYMENT,
                 "POST",
+                "/v1/operator/complete-execution-recovery",
                 attestation_body("executionHistoryComplete"),
                 "Attest that the execution history after the backup is established.",
                 wire=attestation_wire("executionHistoryComplete"),
@@ -305,6 +333,7 @@ ACTIONS: Final[Mapping[str, Action]] = MappingProxyType(
                 "retain",
                 DEPLOYMENT,
                 "POST",
+                "/v1/operator/retain",
                 retain_body,
                 "Erase the payloads of runs that ended before the cutoff (never later than now).",
                 wire=RETAIN_WIRE,

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from core.actions import DEPLOYMENT, RUN, Action, operator_actions
+from core.actions import ACTIONS, DEPLOYMENT, RUN, Action, operator_actions
 from core.codes import Code
 from core.config.model import Policy
 from core.errors import CoordinatorError
@@ -262,23 +262,29 @@ def _operator_action(action: Action) -> Callable[[Request], Awaitable[Response]]
     return handler
 
 
+def _route(name: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Route:
+    """The route of action ``name``, at its path and method in :data:`ACTIONS`."""
+    action = ACTIONS[name]
+    return Route(action.route, endpoint, methods=[action.method])
+
+
 def main_routes() -> list[Route]:
     """The routes of the main listener (never ``/metrics``)."""
     routes = [
         Route("/ready", ready, methods=["GET"]),
-        Route("/v1/workflows/{workflowId}/runs", start, methods=["POST"]),
+        _route("start", start),
         Route("/v1/runs", list_runs, methods=["GET"]),
-        Route("/v1/runs/{runId}", status, methods=["GET"]),
-        Route("/v1/runs/{runId}/inspection", inspection, methods=["GET"]),
+        _route("status", status),
+        _route("inspect", inspection),
     ]
     # The operator's actions with a body (core/actions.py): a run's, then the deployment's.
     routes += [
-        Route(action.route or "", _run_action(action), methods=[action.method])
+        Route(action.route, _run_action(action), methods=[action.method])
         for action in operator_actions(RUN)
     ]
-    routes.append(Route("/v1/operator/doctor", doctor, methods=["GET"]))
+    routes.append(_route("doctor", doctor))
     routes += [
-        Route(action.route or "", _operator_action(action), methods=[action.method])
+        Route(action.route, _operator_action(action), methods=[action.method])
         for action in operator_actions(DEPLOYMENT)
     ]
     routes += [

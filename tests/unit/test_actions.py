@@ -95,10 +95,19 @@ def test_recovery_carries_out_exactly_the_operator_actions() -> None:
     assert set(DEPLOYMENT_HANDLERS) == {a.name for a in operator_actions(DEPLOYMENT)}
 
 
-def test_the_gateway_routes_every_operator_action_by_its_method() -> None:
+def test_the_gateway_routes_every_action_by_its_method() -> None:
     routed = {(route.path, method) for route in main_routes() for method in route.methods or ()}
-    for action in (*operator_actions(RUN), *operator_actions(DEPLOYMENT)):
+    for action in ACTIONS.values():
         assert (action.route, action.method) in routed, action.name
+
+
+def test_a_path_fills_the_route_with_one_encoded_segment_each() -> None:
+    assert ACTIONS["cancel"].path(runId="r-1") == "/v1/runs/r-1/cancel"
+    assert ACTIONS["inspect"].path(runId="a/b?c") == "/v1/runs/a%2Fb%3Fc/inspection"
+    assert ACTIONS["start"].path(workflowId="approval-notice") == (
+        "/v1/workflows/approval-notice/runs"
+    )
+    assert ACTIONS["retain"].path() == "/v1/operator/retain"
 
 
 def test_the_cli_has_a_command_for_every_action_with_the_table_s_help() -> None:
