@@ -229,6 +229,7 @@ def doctor_message(document: Mapping[str, Any]) -> pb.DoctorReport:
         state=pb.DoctorReport.State(
             audit_ready=state["auditReady"],
             store_ready=state["storeReady"],
+            store_host=state["storeHost"],
             uncertain=state["uncertain"],
             held=state["held"],
             due_jobs=state["dueJobs"],
@@ -257,6 +258,7 @@ def doctor_document(message: pb.DoctorReport) -> dict[str, Any]:
         "state": {
             "auditReady": state.audit_ready,
             "storeReady": state.store_ready,
+            "storeHost": state.store_host,
             "uncertain": state.uncertain,
             "held": state.held,
             "dueJobs": state.due_jobs,

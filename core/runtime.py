@@ -4,6 +4,14 @@ internal endpoints, and a database store with its own component role.
 A component builds one :class:`Runtime`, opens one :class:`Store` for its grant, and calls
 :meth:`Store.verify` before serving. While PostgreSQL is unreachable the store says so once
 per 10 s on standard error (``store-unavailable``), reports not ready, and keeps trying.
+
+The runtime URL may name several hosts (CONTRACT §6.5); every connection goes to one that
+accepts writes. After the database was away, or when a new connection reaches another host
+than the one verified (a failover), that connection runs the activation checks again before
+anyone may use it; when they fail, it is refused with ``deployment.refused`` (logged once per
+10 s) and so is every use of the store until a host passes them. A write refused because the
+server has become read-only (a demoted primary) drops every pooled connection, so the next
+ones find the new writable host.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from core import logs
 from core.codes import Code
 from core.config.check import check_runtime_file
 from core.config.model import CheckedDeployment, RuntimeConfig
-from core.db.connect import create_pool
+from core.db.connect import DatabaseHost, create_pool, serving_host
 from core.db.roles import component_role
 from core.db.statements import Statements
 from core.deploy.activation import verify_activation
@@ -105,10 +113,15 @@ class Store:
         self._last_notice = -STORE_NOTICE_INTERVAL_SECONDS
         self.available = False
         self.activation: Activation | None = None
+        self._verified_host: DatabaseHost | None = None
+        self._recheck = False
+        self._check_lock = asyncio.Lock()
+        self._last_refusal = -STORE_NOTICE_INTERVAL_SECONDS
 
     def notice_unavailable(self) -> None:
         """Log ``store-unavailable`` at most once per 10 s; mark the store not ready."""
         self.available = False
+        self._recheck = True
         now = self._clock()
         if now - self._last_notice >= STORE_NOTICE_INTERVAL_SECONDS:
             self._last_notice = now
@@ -127,6 +140,7 @@ class Store:
                     min_size=1,
                     max_size=POOL_SIZES.get(self.component, 4),
                     setup_role=self.role,
+                    admit=self._admit,
                     label=RUNTIME_LABEL,
                 )
             except Exception as exc:
@@ -143,7 +157,39 @@ class Store:
             self.activation = await verify_activation(
                 conn, self.runtime.checked, resolver=self.runtime.resolver
             )
+            self._verified_host = serving_host(conn)
+            self._recheck = False
         return self.activation
+
+    async def _admit(self, conn: asyncpg.Connection) -> None:
+        """Run the activation checks again on a new connection when the database was away
+        or the connection reached another host than the one verified (§6.5)."""
+        if self.activation is None:
+            return  # not verified yet: :meth:`verify` checks the first connection itself
+        async with self._check_lock:
+            where = serving_host(conn)
+            if where == self._verified_host and not self._recheck:
+                return
+            try:
+                await verify_activation(conn, self.runtime.checked, resolver=self.runtime.resolver)
+            except CoordinatorError as refused:
+                now = self._clock()
+                if now - self._last_refusal >= STORE_NOTICE_INTERVAL_SECONDS:
+                    self._last_refusal = now
+                    raw(
+                        refused.code,
+                        f"{self.component}: the database at {where} failed the activation "
+                        f"checks, nothing resumes: {refused.detail}",
+                    )
+                raise
+            if where != self._verified_host:
+                logs.log.warning(
+                    "%s: the database moved to %s; the activation checks passed there",
+                    self.component,
+                    where,
+                )
+            self._verified_host = where
+            self._recheck = False
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -174,6 +220,11 @@ class Store:
             raise
         except Exception as exc:
             coded = translate(exc, RUNTIME_LABEL)
+            if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+                # The server stopped taking writes (a primary demoted under us): nothing was
+                # written; every pooled connection goes, so the next find the writable host.
+                await self.pool.expire_connections()
+                lost = True
             if lost or (coded is not None and coded.code == Code.STORE_UNAVAILABLE):
                 self.notice_unavailable()
                 raise CoordinatorError(

@@ -19,6 +19,7 @@ import asyncpg
 from core import clock
 from core.bindings import run_conflicts
 from core.codes import Code
+from core.db.connect import serving_host
 from core.db.statements import RunStepsRow, Statements
 from core.errors import CoordinatorError
 from core.metrics import gauge, render
@@ -250,6 +251,7 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
         runs = await run_counts(conn, q)
         versions = [r.version for r in await q.state_key_versions_in_use(conn)]
         refusals = await q.recovery_token_refusals(conn)
+        host = serving_host(conn)
     if row is None:
         raise CoordinatorError(Code.DEPLOYMENT_REFUSED, "the namespace records no deployment")
     # max() over schema_version: null only were no version recorded, which installing the
@@ -271,6 +273,8 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
         "state": {
             "auditReady": audit_ready,
             "storeReady": store.available,
+            # The host this report was read from (the URL may name several, §6.5).
+            "storeHost": "" if host is None else str(host),
             "uncertain": row.uncertain,
             "held": runs[RunState.HELD],
             "dueJobs": row.due_jobs,

@@ -8,6 +8,14 @@ the weaker libpq modes would let anyone on the path pose as the database.
 The URL is parsed here and its parts handed to asyncpg one by one, so no refusal or driver
 error can echo the URL or its password. Refusals are ``deployment.refused`` and name only
 ``label`` (the key path of the URL) and the offending parameter.
+
+A URL may name several hosts in libpq's form (``db-a:5432,db-b:5432``, CONTRACT §6.5):
+they are tried in order and the first that accepts writes is used, as libpq does with
+``target_session_attrs=read-write``. That is the only session kind this service opens,
+whether the URL says so or not, so a read-only server (a standby, or one with
+``default_transaction_read_only``) is never written to; with a single host that is read-only
+the database counts as unreachable until it accepts writes. Each connection records which
+host it reached (:func:`serving_host`), so a store can tell that a failover moved it.
 """
 
 from __future__ import annotations
@@ -30,7 +38,21 @@ ACCEPTED_SSLMODES = ("require", "verify-ca", "verify-full")
 MINIMUM_SERVER_VERSION_NUM = 170000
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 _SCHEMES = ("postgresql", "postgres")
-_KNOWN_PARAMETERS = frozenset({"sslmode", "application_name", "connect_timeout"})
+_KNOWN_PARAMETERS = frozenset(
+    {"sslmode", "application_name", "connect_timeout", "target_session_attrs"}
+)
+_WRITABLE_SESSIONS = ("read-write", "primary")
+"""``target_session_attrs`` values a URL may give; either way, only a host that accepts
+writes is used."""
+_NEXT_HOST_ERRORS = (
+    OSError,
+    asyncpg.TargetServerAttributeNotMatched,
+    asyncpg.CannotConnectNowError,
+    asyncpg.PostgresConnectionError,
+)
+"""Why one host of several is passed over for the next: it cannot be reached, accepts no
+writes, or is starting or stopping. A refused login or a certificate that does not verify
+ends the attempt, as in libpq: it would be refused the same way by every host."""
 
 
 def _refuse(label: str, reason: str) -> CoordinatorError:
@@ -38,17 +60,57 @@ def _refuse(label: str, reason: str) -> CoordinatorError:
 
 
 @dataclass(frozen=True)
-class DatabaseUrl:
-    """The parts of a ``postgresql://`` URL this service uses; the password is never shown."""
+class DatabaseHost:
+    """One ``host:port`` a URL names."""
 
     host: str
     port: int
+
+    def __str__(self) -> str:
+        """``host:port`` (an IPv6 address in brackets), as ``doctor`` shows it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """The parts of a ``postgresql://`` URL this service uses; the password is never shown."""
+
+    hosts: tuple[DatabaseHost, ...]
+    """The hosts to try, in order (at least one)."""
     user: str
     database: str
     sslmode: str
     password: str | None = field(default=None, repr=False)
     application_name: str | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    @property
+    def host(self) -> str:
+        """The first host named."""
+        return self.hosts[0].host
+
+    @property
+    def port(self) -> int:
+        """The first host's port."""
+        return self.hosts[0].port
+
+
+def _hosts(netloc: str, label: str) -> tuple[DatabaseHost, ...]:
+    """The comma-separated ``host[:port]`` list of a URL's network location."""
+    hosts = []
+    for entry in netloc.rpartition("@")[2].split(","):
+        try:
+            one = urllib.parse.urlsplit("//" + entry)
+            port = one.port
+        except ValueError:
+            raise _refuse(label, "has an unreadable host or port") from None
+        if not one.hostname:
+            raise _refuse(
+                label, "names no host; a TCP host is required (TLS cannot run on a socket)"
+            )
+        hosts.append(DatabaseHost(one.hostname, port or 5432))
+    return tuple(hosts)
 
 
 def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
@@ -66,15 +128,7 @@ def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
         raise _refuse(label, "is not a valid postgresql:// URL") from None
     if parts.scheme not in _SCHEMES:
         raise _refuse(label, "must start with postgresql://")
-    if "," in parts.netloc.rpartition("@")[2]:
-        raise _refuse(label, "names several hosts; exactly one is supported")
-    try:
-        port = parts.port
-    except ValueError:
-        raise _refuse(label, "has an unreadable port") from None
-    host = parts.hostname
-    if not host:
-        raise _refuse(label, "names no host; a TCP host is required (TLS cannot run on a socket)")
+    hosts = _hosts(parts.netloc, label)
     if parts.username is None or not urllib.parse.unquote(parts.username):
         raise _refuse(label, "names no user")
     user = urllib.parse.unquote(parts.username)
@@ -103,6 +157,12 @@ def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
     if sslmode not in ACCEPTED_SSLMODES:
         raise _refuse(label, f"sslmode must be one of {', '.join(ACCEPTED_SSLMODES)}")
 
+    if params.get("target_session_attrs", "read-write") not in _WRITABLE_SESSIONS:
+        raise _refuse(
+            label,
+            "target_session_attrs must be read-write or primary (every component writes)",
+        )
+
     timeout = DEFAULT_CONNECT_TIMEOUT_S
     if "connect_timeout" in params:
         try:
@@ -113,8 +173,7 @@ def parse_database_url(url: str, *, label: str = "database URL") -> DatabaseUrl:
             raise _refuse(label, "connect_timeout must be positive")
 
     return DatabaseUrl(
-        host=host,
-        port=port or 5432,
+        hosts=hosts,
         user=user,
         database=database or user,  # libpq's default: a database named like the user
         sslmode=sslmode,
@@ -172,8 +231,7 @@ def _connect_kwargs(
     if parsed.application_name and "application_name" not in settings:
         settings["application_name"] = parsed.application_name
     return {
-        "host": parsed.host,
-        "port": parsed.port,
+        "hosts": parsed.hosts,
         "user": parsed.user,
         "password": parsed.password,
         "database": parsed.database,
@@ -200,14 +258,52 @@ async def connect(
     return await _open(**kwargs)
 
 
-async def _open(*args: Any, **kwargs: Any) -> asyncpg.Connection:
-    try:
-        return await asyncpg.connect(*args, **kwargs)
-    except Exception:
-        # A refused login closes the socket through a callback asyncpg has just scheduled;
-        # one pass of the loop runs it, so no socket outlives a loop that closes next.
-        await asyncio.sleep(0)
-        raise
+class ServedConnection(asyncpg.Connection):  # type: ignore[misc]
+    """A connection that knows which of the URL's hosts it reached."""
+
+    __slots__ = ("serving",)
+
+    serving: DatabaseHost
+
+
+def serving_host(conn: asyncpg.Connection) -> DatabaseHost | None:
+    """The host ``conn`` reached (``None`` for a connection this module did not open)."""
+    found = getattr(conn, "serving", None)
+    return found if isinstance(found, DatabaseHost) else None
+
+
+async def _open(
+    _dsn: None = None, *, hosts: tuple[DatabaseHost, ...], **kwargs: Any
+) -> asyncpg.Connection:
+    """A connection to the first of ``hosts`` that accepts writes (a pool passes a ``None``
+    DSN first: every part is a keyword here).
+
+    When every host is passed over, the last host's failure is raised.
+    """
+    kwargs.pop("connection_class", None)  # (a pool names the class it expects: this one)
+    last: BaseException | None = None
+    for where in hosts:
+        try:
+            conn = await asyncpg.connect(
+                host=where.host,
+                port=where.port,
+                target_session_attrs="read-write",
+                connection_class=ServedConnection,
+                **kwargs,
+            )
+        except _NEXT_HOST_ERRORS as exc:
+            await asyncio.sleep(0)  # (see below)
+            last = exc
+            continue
+        except Exception:
+            # A refused login closes the socket through a callback asyncpg has just scheduled;
+            # one pass of the loop runs it, so no socket outlives a loop that closes next.
+            await asyncio.sleep(0)
+            raise
+        conn.serving = where
+        return conn
+    assert last is not None  # a URL names at least one host
+    raise last
 
 
 def quote_ident(name: str) -> str:
@@ -224,16 +320,24 @@ async def create_pool(
     min_size: int,
     max_size: int,
     setup_role: str | None = None,
+    admit: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
     server_settings: Mapping[str, str] | None = None,
     label: str = "database URL",
 ) -> asyncpg.Pool:
     """A pool of verified TLS connections; with ``setup_role`` each new connection acts as
-    that role (``SET ROLE``) once, for its life (a release resets nothing of the session)."""
+    that role (``SET ROLE``) once, for its life (a release resets nothing of the session).
+    ``admit`` then sees each new connection before anyone uses it, and may refuse it by
+    raising (the acquire that opened it raises the same)."""
     kwargs = _connect_kwargs(url, trusted_root_pem, server_settings, label)
-    if setup_role is not None:
-        kwargs["init"] = _role_setter(setup_role)
+    if setup_role is not None or admit is not None:
+        kwargs["init"] = _initializer(setup_role, admit)
     pool: asyncpg.Pool = await asyncpg.create_pool(
-        min_size=min_size, max_size=max_size, connect=_open, reset=_keep_session, **kwargs
+        min_size=min_size,
+        max_size=max_size,
+        connect=_open,
+        reset=_keep_session,
+        connection_class=ServedConnection,
+        **kwargs,
     )
     return pool
 
@@ -249,11 +353,16 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     """
 
 
-def _role_setter(role: str) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    async def set_role(conn: asyncpg.Connection) -> None:
-        await statements.role_set(conn, role=role)
+def _initializer(
+    role: str | None, admit: Callable[[asyncpg.Connection], Awaitable[None]] | None
+) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    async def init(conn: asyncpg.Connection) -> None:
+        if role is not None:
+            await statements.role_set(conn, role=role)
+        if admit is not None:
+            await admit(conn)
 
-    return set_role
+    return init
 
 
 async def server_version_num(conn: asyncpg.Connection) -> int:

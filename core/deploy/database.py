@@ -39,6 +39,8 @@ _UNAVAILABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
     asyncpg.ConnectionDoesNotExistError,
+    # No host of the URL accepts writes (a standby not yet promoted): wait for one that does.
+    asyncpg.TargetServerAttributeNotMatched,
 )
 
 

@@ -877,12 +877,15 @@ class DoctorReport(_message.Message):
         DUE_JOBS_FIELD_NUMBER: _builtins.int
         WAITING_FIELD_NUMBER: _builtins.int
         STATE_KEY_VERSIONS_IN_USE_FIELD_NUMBER: _builtins.int
+        STORE_HOST_FIELD_NUMBER: _builtins.int
         audit_ready: _builtins.bool
         store_ready: _builtins.bool
         uncertain: _builtins.int
         held: _builtins.int
         due_jobs: _builtins.int
         waiting: _builtins.int
+        store_host: _builtins.str
+        """host:port of the database server the report was read from."""
         @_builtins.property
         def state_key_versions_in_use(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
         def __init__(
@@ -895,10 +898,11 @@ class DoctorReport(_message.Message):
             due_jobs: _builtins.int = ...,
             waiting: _builtins.int = ...,
             state_key_versions_in_use: _abc.Iterable[_builtins.int] | None = ...,
+            store_host: _builtins.str = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_ready", b"audit_ready", "due_jobs", b"due_jobs", "held", b"held", "state_key_versions_in_use", b"state_key_versions_in_use", "store_ready", b"store_ready", "uncertain", b"uncertain", "waiting", b"waiting"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_ready", b"audit_ready", "due_jobs", b"due_jobs", "held", b"held", "state_key_versions_in_use", b"state_key_versions_in_use", "store_host", b"store_host", "store_ready", b"store_ready", "uncertain", b"uncertain", "waiting", b"waiting"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

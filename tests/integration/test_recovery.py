@@ -296,6 +296,7 @@ async def test_doctor_counts_the_store(env: Served) -> None:
         "state": {
             "auditReady": True,
             "storeReady": True,
+            "storeHost": f"{env.database.host}:{env.database.port}",
             "uncertain": 1,
             "held": 1,
             "dueJobs": 1,

@@ -99,7 +99,12 @@ def test_unreadable_host_or_port_hides_the_driver_message(text: str) -> None:
     [
         (f"mysql://u:{ENCODED}@h/d?sslmode=require", "postgresql://"),
         (f"postgresql://u:{ENCODED}@/d?sslmode=require&host=%2Ftmp", "host"),
-        (f"postgresql://u:{ENCODED}@h1:5432,h2:5432/d?sslmode=require", "several hosts"),
+        (f"postgresql://u:{ENCODED}@h1:5432,:5433/d?sslmode=require", "no host"),
+        (f"postgresql://u:{ENCODED}@h1:5432,h2:x/d?sslmode=require", "host or port"),
+        (
+            f"postgresql://u:{ENCODED}@h1,h2/d?sslmode=require&target_session_attrs=any",
+            "target_session_attrs must be read-write",
+        ),
         ("postgresql://h/d?sslmode=require", "no user"),
         (f"postgresql://u:{ENCODED}@h/a/b?sslmode=require", "single database"),
         (f"postgresql://u:{ENCODED}@h/d?sslmode=require&connect_timeout=x", "connect_timeout"),
@@ -118,6 +123,17 @@ def test_defaults_follow_libpq() -> None:
         "someone",
         None,
     )
+
+
+def test_several_hosts_are_read_in_order_with_libpq_s_default_port() -> None:
+    parsed = parse_database_url(
+        f"postgresql://u:{ENCODED}@db-a:5433,db-b,[::1]:6000/d"
+        "?sslmode=verify-full&target_session_attrs=read-write"
+    )
+    assert [str(host) for host in parsed.hosts] == ["db-a:5433", "db-b:5432", "[::1]:6000"]
+    assert (parsed.host, parsed.port, parsed.password) == ("db-a", 5433, "s3cr@t:/?#%&pw")
+    primary = parse_database_url(url("sslmode=require&target_session_attrs=primary"))
+    assert len(primary.hosts) == 1
 
 
 def test_options_are_read() -> None:

@@ -187,6 +187,7 @@ DOCTOR: dict[str, Any] = {
     "state": {
         "auditReady": True,
         "storeReady": True,
+        "storeHost": "db-a.example.org:5432",
         "uncertain": 3,
         "held": 2,
         "dueJobs": 40_000_000_000,
