@@ -44,7 +44,7 @@ from core.callers import Caller
 from core.canonical import canonical_json
 from core.codes import Code
 from core.crypto import Keyring, keyring_from_config, seal
-from core.db.statements import AdmissionGateRow, AdmissionStartRow
+from core.db.statements import AdmissionGateRow, AdmissionStartRow, BindingArgs, StartArgs
 from core.errors import CoordinatorError
 from core.payloads import statement
 from core.runs import RunRecord, StartResult, check_idempotency_key, refuse_recovery_only
@@ -273,46 +273,48 @@ class Admitter:
         """Run ``admission_start`` for a fitting input: its one row (or none), and the new run
         written when the outcome is created."""
         config = self.runtime.config
-        connections = []
+        bindings = []
         for name in sorted(workflow.connections):
             connection = config.connections.get(name)
             if connection is None:  # the runtime file check makes this unreachable
                 raise CoordinatorError(Code.DEPLOYMENT_REFUSED, f"connections.{name}: missing")
-            connections.append((name, connection))
+            bindings.append(
+                BindingArgs(
+                    connection=name,
+                    connection_type=connection.type,
+                    base_url=connection.base_url,
+                    client_id=connection.authorization.client_id,
+                    scopes=list(connection.authorization.scopes),
+                    audience=connection.token_audience,
+                    profile=connection.profile,
+                    producer=connection.producer,
+                )
+            )
         run_id = derive.run_id(self._admission_key, identity)
-        keyed = input_digest(self._admission_key, plaintext)
         sealed = seal(self._keyring, config.namespace, run_id, "input", plaintext)
-        first = workflow.step(workflow.start)
+        start = StartArgs(
+            run_id=run_id,
+            workflow_id=workflow.id,
+            package_digest=digest,
+            principal_iss=caller.iss,
+            principal_sub=caller.sub,
+            client_id=caller.client_id or None,
+            issuer=config.deployment.authentication.issuer,
+            bindings=bindings,
+            key_version=sealed.key_version,
+            nonce=sealed.nonce,
+            ciphertext=sealed.ciphertext,
+            identity=identity,
+            input_digest=input_digest(self._admission_key, plaintext),
+            first_step=workflow.start,
+            first_step_type=step_kind(workflow.step(workflow.start)),
+            activation_serial=serial,
+        )
         for attempt in range(_ATTEMPTS):
             try:
                 # Every default timestamp and the first step's due time come from SQL now().
                 async with statement(self.store) as conn:
-                    row = await self.store.queries.admission_start(
-                        conn,
-                        run_id=run_id,
-                        workflow_id=workflow.id,
-                        package_digest=digest,
-                        principal_iss=caller.iss,
-                        principal_sub=caller.sub,
-                        client_id=caller.client_id or None,
-                        connections=[name for name, _ in connections],
-                        connection_types=[c.type for _, c in connections],
-                        base_urls=[c.base_url for _, c in connections],
-                        client_ids=[c.authorization.client_id for _, c in connections],
-                        issuer=config.deployment.authentication.issuer,
-                        scopes=[json.dumps(list(c.authorization.scopes)) for _, c in connections],
-                        audiences=[c.token_audience for _, c in connections],
-                        profiles=[c.profile for _, c in connections],
-                        producers=[c.producer for _, c in connections],
-                        key_version=sealed.key_version,
-                        nonce=sealed.nonce,
-                        ciphertext=sealed.ciphertext,
-                        identity=identity,
-                        input_digest=keyed,
-                        first_step=workflow.start,
-                        first_step_type=step_kind(first),
-                        activation_serial=serial,
-                    )
+                    row = await self.store.queries.admission_start(conn, start=start)
                 return row
             except asyncpg.UniqueViolationError:
                 if attempt + 1 == _ATTEMPTS:

@@ -407,11 +407,8 @@ class Scale:
             await self.db.execute(self.sql(LEASE_FOR_SETTLE), run_id, WAIT_STEP, EXPLAIN_OWNER)
 
         nonce = "\\x" + "00" * 12
-        arguments = ", ".join(
+        settle = ", ".join(
             [
-                f"'{run_id}'",
-                f"'{WAIT_STEP}'",
-                f"'{EXPLAIN_OWNER}'",
                 "'completed'",
                 "NULL",
                 "ARRAY['wait-result']",
@@ -428,6 +425,8 @@ class Scale:
                 "NULL",
             ]
         )
+        # (the settle_args value as a row: EXECUTE casts it to the prepared statement's type)
+        arguments = f"'{run_id}', '{WAIT_STEP}', '{EXPLAIN_OWNER}', ROW({settle})"
         return await self.explain(
             "dispatcher_step_settle", arguments, ("step", "run"), before=lease
         )

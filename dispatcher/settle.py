@@ -178,7 +178,7 @@ class Settler:
     async def conclude(self, claimed: Claimed, settlement: Settlement) -> Transition:
         """End the step as ``settlement`` says, with all that follows (``step_settle``),
         in one statement; retried while the database is away. Answers what it did."""
-        arguments = settlement.arguments(
+        settle = settlement.arguments(
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
@@ -188,7 +188,7 @@ class Settler:
                 run_id=claimed.run_id,
                 step_id=claimed.step_id,
                 owner=self.owner,
-                **vars(arguments),
+                settle=settle,
             )
 
         outcome, _ = await self._transition(claimed, write)
@@ -325,8 +325,8 @@ class Settler:
             or completing.failure is not None
         ):
             raise ValueError("a read ends its wait by completing the step, nothing else")
-        # Without a way to end, the function's settle arguments are empty and unused.
-        arguments = (completing or Settlement(StepState.COMPLETED)).arguments(
+        # Without a way to end, the function's settle value is empty and unused.
+        settle = (completing or Settlement(StepState.COMPLETED)).arguments(
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
 
@@ -339,16 +339,7 @@ class Settler:
                 ends=ends is not None,
                 may_time_out=ends is None and on_timeout is not None,
                 attention=attention,
-                purposes=arguments.purposes,
-                key_versions=arguments.key_versions,
-                nonces=arguments.nonces,
-                ciphertexts=arguments.ciphertexts,
-                passed_ids=arguments.passed_ids,
-                passed_types=arguments.passed_types,
-                next_step=arguments.next_step,
-                next_type=arguments.next_type,
-                run_state=arguments.run_state,
-                outcome=arguments.outcome,
+                settle=settle,
             )
 
         outcome, row = await self._transition(claimed, write)

@@ -185,7 +185,7 @@ async def _accepted(
         run_id=run.id,
         step_id=step.step_id,
         row_version=step.row_version,
-        **vars(settlement.arguments(env.keyring, env.namespace, run.id)),
+        settle=settlement.arguments(env.keyring, env.namespace, run.id),
     )
     assert row is not None  # one call: always one row
     _refuse_changed(row.outcome)

@@ -4,7 +4,10 @@ query_names.py holds the name of every query as one ``Literal`` type, with the h
 each query uses and the identifier placeholders it takes. statements.py holds one typed
 ``async`` call per query, made from the ``-- $n name (type)`` and ``-- returns:`` lines of its
 header (read by :func:`core.db.queries.query_spec`): keyword-only parameters, a typed
-result. Both are committed; a test regenerates them and compares, catching drift.
+result; and one ``NamedTuple`` per composite type a query takes, made from the ``-- type:``
+and ``-- field`` lines above its ``CREATE TYPE`` in core/db/transitions.sql (read by
+:func:`core.db.queries.composite_types`). Both are committed; a test regenerates them and
+compares, catching drift.
 
     python scripts/gen_query_names.py                       # rewrite both modules
     python scripts/gen_query_names.py --out F --statements G # write them to F and G
@@ -18,7 +21,10 @@ import textwrap
 from pathlib import Path
 
 from core.db.queries import (
+    CompositeSpec,
     QuerySpec,
+    composite_class,
+    composite_types,
     identifier_words,
     parameter_count,
     query_spec,
@@ -76,7 +82,9 @@ what the files give.
 
 A query that uses the namespace is a method of :class:`Statements`, the
 :class:`~core.db.queries.Queries` of one namespace (``store.queries``); one that does not is
-a function of this module. Each takes the connection, then its parameters by keyword.
+a function of this module. Each takes the connection, then its parameters by keyword. A
+parameter of a composite type (core/db/transitions.sql) is the ``NamedTuple`` of the same
+fields, which asyncpg sends as that type.
 """
 
 from __future__ import annotations
@@ -164,6 +172,27 @@ def _call(spec: QuerySpec, words: tuple[str, ...], *, method: bool) -> list[str]
     return lines
 
 
+def _composite_classes(types: list[CompositeSpec]) -> list[str]:
+    """A ``NamedTuple`` per composite type, its fields in the order of the type's
+    attributes (asyncpg encodes a tuple by position; the generator's check of the header
+    against the ``CREATE TYPE`` keeps the order true)."""
+    lines: list[str] = []
+    for spec in types:
+        lines += ["", "", f"class {composite_class(spec.name)}(NamedTuple):"]
+        lines += _docstring(
+            f"A value of the composite type ``{spec.name}`` (core/db/transitions.sql). " + spec.doc,
+            "    ",
+        )
+        lines.append("")
+        for field in spec.fields:
+            lines.append(f"    {field.name}: {field.type.python(accepting=True)}")
+            if field.doc:
+                doc = field.doc[0].upper() + field.doc[1:]
+                end = "" if doc.endswith((".", ";", "?", "!")) else "."
+                lines += _docstring(doc + end, "    ")
+    return lines
+
+
 def _row_classes(specs: list[QuerySpec]) -> list[str]:
     """A frozen dataclass per query that declares its result columns, in column order (a
     row is made from a record positionally; the column check keeps the order true)."""
@@ -196,11 +225,14 @@ def statements_source() -> str:
             methods += ["", *_call(spec, words, method=True)]
         else:
             functions += ["", "", *_call(spec, words, method=False)]
-    rows = _row_classes(list(specs.values()))
+    composites = _composite_classes(list(composite_types().values()))
+    rows = composites + _row_classes(list(specs.values()))
     code = "\n".join(rows + methods + functions)
     standard = [line for word, line in _IMPORTS.items() if re.search(rf"\b{word}\b", code)]
-    if rows:
+    if rows != composites:
         standard.append("from dataclasses import dataclass")
+    if composites:
+        standard.append("from typing import NamedTuple")
     standard.sort()
     ours = "Queries, load" if functions else "Queries"
     lines = [STATEMENTS_HEADER, *standard, *([""] if standard else [])]

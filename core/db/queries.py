@@ -26,7 +26,20 @@ The header also names and types what the query takes and gives, one line each::
     -- returns: rows | row | status | value (<type>[, null])
 
 :func:`query_spec` reads those lines and refuses a header that does not match its statement
-(every ``$n`` named once, in order, with a type it knows). From them
+(every ``$n`` named once, in order, with a type it knows).
+
+A query that takes many values takes them as one value of a composite type of the namespace
+(``-- $4 settle (settle_args)``), declared in ``core/db/transitions.sql`` under a header of the
+same kind, one ``-- field name (type)`` line per attribute of its ``CREATE TYPE``::
+
+    -- type: settle_args
+    -- How a step ends.
+    -- field state (text): what it is, said briefly
+    -- field effect (text, null)
+
+:func:`composite_types` reads those and refuses a header whose fields are not the
+attributes its ``CREATE TYPE`` declares, in order; the typed call then takes a ``NamedTuple``
+of the same fields (asyncpg encodes a composite from a tuple, by position). From them
 ``scripts/gen_query_names.py`` writes two committed modules: ``core/db/query_names.py``
 (the :data:`~core.db.query_names.QueryName` literal type) and ``core/db/statements.py``, one
 ``async`` call per query with keyword-only, typed parameters and a typed result: a method of
@@ -41,7 +54,7 @@ from __future__ import annotations
 import itertools
 import keyword
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -57,6 +70,8 @@ if TYPE_CHECKING:
     from core.db.query_names import QueryName
 
 QUERY_DIR = Path(__file__).with_name("queries")
+TYPES_FILE = Path(__file__).with_name("transitions.sql")
+"""Where the composite types that queries take are declared (and created, by apply)."""
 PLACEHOLDER = "{{ns}}"
 
 _HEADER = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
@@ -123,6 +138,11 @@ _COLUMN_LINE = re.compile(r"^-- column ([a-z][a-z0-9_]*) \(([^)]*)\)(?::(.*))?$"
 _RETURNS_LINE = re.compile(r"^-- returns: (rows|row|status|value \(([^)]*)\))\s*$")
 _RESERVED = frozenset({"conn", "self", "cls"}) | frozenset(keyword.kwlist)
 
+_TYPE_HEADER = re.compile(r"^-- type: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+_FIELD_LINE = re.compile(r"^-- field ([a-z][a-z0-9_]*) \(([^)]*)\)(?::(.*))?$")
+_CREATE_TYPE = re.compile(r"CREATE TYPE \{\{ns\}\}\.([a-z][a-z0-9_]*) AS \((.*?)\);", re.DOTALL)
+_ATTRIBUTE = re.compile(r"([a-z][a-z0-9_]*) ((?:\{\{ns\}\}\.)?[a-z][a-z0-9_]*(?:\[\])?)")
+
 # PostgreSQL type -> the Python type asyncpg takes or gives for it.
 PYTHON_TYPES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -153,12 +173,15 @@ class SqlType:
     items_nullable: bool
 
     @classmethod
-    def parse(cls, text: str, where: str) -> SqlType:
-        """``text[], null items`` and the like; refuses (``ValueError``) an unknown type."""
+    def parse(cls, text: str, where: str, composites: Collection[str] | None = None) -> SqlType:
+        """``text[], null items`` and the like; refuses (``ValueError``) an unknown type. A
+        type is a built-in one of :data:`PYTHON_TYPES` or one of ``composites`` (by default
+        the composite types declared in :data:`TYPES_FILE`)."""
         first, *rest = (part.strip() for part in text.split(","))
         array = first.endswith("[]")
         base = first.removesuffix("[]")
-        if base not in PYTHON_TYPES:
+        known = composite_names() if composites is None else composites
+        if base not in PYTHON_TYPES and base not in known:
             raise ValueError(f"{where}: unknown type {first!r}")
         items_nullable = any(part.startswith("null items") for part in rest)
         nullable = any(
@@ -168,9 +191,16 @@ class SqlType:
             raise ValueError(f"{where}: 'null items' needs a list type")
         return cls(base, array, nullable, items_nullable)
 
+    @property
+    def composite(self) -> bool:
+        """A composite type of the namespace rather than a built-in one."""
+        return self.name not in PYTHON_TYPES
+
     def python(self, *, accepting: bool) -> str:
-        """The Python annotation: a list accepted is any ``Sequence``, one given a ``list``."""
-        item = PYTHON_TYPES[self.name] + (" | None" if self.items_nullable else "")
+        """The Python annotation: a list accepted is any ``Sequence``, one given a ``list``;
+        a composite type is its ``NamedTuple`` (:func:`composite_class`)."""
+        named = composite_class(self.name) if self.composite else PYTHON_TYPES[self.name]
+        item = named + (" | None" if self.items_nullable else "")
         text = (f"Sequence[{item}]" if accepting else f"list[{item}]") if self.array else item
         return text + (" | None" if self.nullable else "")
 
@@ -260,6 +290,94 @@ def query_spec(name: str, sql: str) -> QuerySpec:
         raise ValueError(f"query {name}: uses {used} parameters, names {len(parameters)}")
     doc = " ".join(part for part in prose if part)
     return QuerySpec(name, doc, tuple(parameters), returns, value_type, tuple(columns))
+
+
+@dataclass(frozen=True)
+class Field:
+    """One attribute of a composite type, as its header names and types it."""
+
+    name: str
+    type: SqlType
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class CompositeSpec:
+    """What a composite type's header says: its prose and its fields, in order."""
+
+    name: str
+    doc: str
+    fields: tuple[Field, ...]
+
+
+def composite_class(name: str) -> str:
+    """The name of the ``NamedTuple`` that mirrors composite type ``name``."""
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def composite_names(text: str | None = None) -> frozenset[str]:
+    """The composite types declared (``-- type: name``) in ``text``, by default in
+    :data:`TYPES_FILE`."""
+    if text is None:
+        return _declared_names()
+    return frozenset(_TYPE_HEADER.findall(text))
+
+
+@cache
+def _declared_names() -> frozenset[str]:
+    return composite_names(TYPES_FILE.read_text("utf-8"))
+
+
+def composite_specs(text: str, origin: str) -> dict[str, CompositeSpec]:
+    """Every composite type declared in ``text``: each ``-- type: name`` header with its
+    prose and ``-- field`` lines, followed by the ``CREATE TYPE {{ns}}.name AS (...)`` it
+    describes. Refuses (``ValueError``) a header without its ``CREATE TYPE`` and fields
+    that are not that statement's attributes (names and types, in order)."""
+    names = composite_names(text)
+    found: dict[str, CompositeSpec] = {}
+    headers = list(_TYPE_HEADER.finditer(text))
+    for position, header in enumerate(headers):
+        name = header[1]
+        where = f"{origin}: type {name}"
+        if name in found:
+            raise ValueError(f"{where} is declared twice")
+        end = headers[position + 1].start() if position + 1 < len(headers) else len(text)
+        body = text[header.end() : end].lstrip("\n")
+        comments = list(itertools.takewhile(lambda line: line.startswith("--"), body.splitlines()))
+        fields: list[Field] = []
+        prose: list[str] = []
+        for line in comments:
+            if not line.startswith("-- field "):
+                prose.append(line.removeprefix("--").strip())
+                continue
+            match = _FIELD_LINE.match(line)
+            if match is None:
+                raise ValueError(f"{where}: malformed field line {line!r}")
+            if match[1] in _RESERVED or match[1] in {f.name for f in fields}:
+                raise ValueError(f"{where}: field name {match[1]!r} is taken")
+            kind = SqlType.parse(match[2], where, names)
+            fields.append(Field(match[1], kind, (match[3] or "").strip()))
+        created = _CREATE_TYPE.search(without_comments(body))
+        if created is None or created[1] != name:
+            raise ValueError(f"{where}: no 'CREATE TYPE {{{{ns}}}}.{name} AS (...)' follows")
+        attributes: list[tuple[str, str]] = []
+        for part in created[2].split(","):
+            attribute = _ATTRIBUTE.fullmatch(" ".join(part.split()))
+            if attribute is None:
+                raise ValueError(f"{where}: unreadable attribute {part.strip()!r}")
+            attributes.append((attribute[1], attribute[2].replace(PLACEHOLDER + ".", "")))
+        declared = [(f.name, f.type.name + "[]" * f.type.array) for f in fields]
+        if attributes != declared:
+            raise ValueError(f"{where}: its fields {declared} are not its attributes {attributes}")
+        doc = " ".join(part for part in prose if part)
+        found[name] = CompositeSpec(name, doc, tuple(fields))
+    return found
+
+
+@cache
+def composite_types() -> Mapping[str, CompositeSpec]:
+    """Every composite type declared in :data:`TYPES_FILE`, in the order declared."""
+    return MappingProxyType(composite_specs(TYPES_FILE.read_text("utf-8"), TYPES_FILE.name))
 
 
 def parse_query_file(text: str, origin: str) -> dict[str, str]:

@@ -125,10 +125,19 @@ async def install(conn: asyncpg.Connection, namespace: str) -> None:
 
 async def catalog_dump(conn: asyncpg.Connection, namespace: str) -> set[tuple[str, str, str]]:
     """Every object of ``namespace`` as (kind, name, definition), with the namespace's own
-    name replaced by the placeholder so two namespaces can be compared."""
+    name replaced by the placeholder so two namespaces can be compared: in definitions, and
+    in the names of functions that take one of its types (``step_settle(...,
+    p_settle {{ns}}.settle_args)``)."""
     rows = await statements.catalog_dump(conn, namespace=namespace)
     own_name = re.compile(r'(?<![A-Za-z0-9_"])"?' + re.escape(namespace) + r'"?(?![A-Za-z0-9_])')
-    return {(row.kind, row.name, own_name.sub(PLACEHOLDER, row.definition or "")) for row in rows}
+    return {
+        (
+            row.kind,
+            own_name.sub(PLACEHOLDER, row.name),
+            own_name.sub(PLACEHOLDER, row.definition or ""),
+        )
+        for row in rows
+    }
 
 
 class _Rollback(Exception):

@@ -6,7 +6,9 @@ what the files give.
 
 A query that uses the namespace is a method of :class:`Statements`, the
 :class:`~core.db.queries.Queries` of one namespace (``store.queries``); one that does not is
-a function of this module. Each takes the connection, then its parameters by keyword.
+a function of this module. Each takes the connection, then its parameters by keyword. A
+parameter of a composite type (core/db/transitions.sql) is the ``NamedTuple`` of the same
+fields, which asyncpg sends as that type.
 """
 
 from __future__ import annotations
@@ -14,10 +16,95 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from asyncpg import Connection, Record
 
 from core.db.queries import Queries, load
+
+
+class SettleArgs(NamedTuple):
+    """A value of the composite type ``settle_args`` (core/db/transitions.sql). How a step ends
+    and where its run goes, with the payloads it keeps sealed: what step_settle takes after
+    run, step and owner (step_operator_settle after the step's row version; step_record_read
+    for a read that ends its wait).
+    """
+
+    state: str
+    """The step's end: completed, refused, failed or cancelled."""
+    effect: str | None
+    """The call's effect; null keeps the present one."""
+    purposes: Sequence[str]
+    """The payloads to keep, one item each in these four lists."""
+    key_versions: Sequence[int]
+    """The state key version each is sealed under."""
+    nonces: Sequence[bytes]
+    ciphertexts: Sequence[bytes]
+    """Each with its GCM tag."""
+    passed_ids: Sequence[str]
+    """The local steps decided on the way, in order."""
+    passed_types: Sequence[str]
+    next_step: str | None
+    """The run's next step; null when the run ends here."""
+    next_type: str | None
+    run_state: str | None
+    """The run's end (succeeded, failed) when it ends."""
+    outcome: str | None
+    """The run's outcome when it ends."""
+    failure_kind: str | None
+    """Why the run failed."""
+    failure_path: str | None
+    """Where, as a JSON pointer."""
+
+
+class BindingArgs(NamedTuple):
+    """A value of the composite type ``binding_args`` (core/db/transitions.sql). One connection a
+    run depends on, as admission_start records it in binding.
+    """
+
+    connection: str
+    """The connection's name."""
+    connection_type: str
+    base_url: str
+    client_id: str
+    scopes: Sequence[str]
+    audience: str
+    """The token audience."""
+    profile: str
+    producer: str | None
+    """Null outside Casework."""
+
+
+class StartArgs(NamedTuple):
+    """A value of the composite type ``start_args`` (core/db/transitions.sql). A start of an
+    input that fits its workflow: the run admission_start would create.
+    """
+
+    run_id: str
+    workflow_id: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    client_id: str | None
+    """Null for event starts."""
+    issuer: str
+    """The issuer of every binding's client."""
+    bindings: Sequence[BindingArgs]
+    """One per connection the workflow uses."""
+    key_version: int
+    """The state key version of the sealed input."""
+    nonce: bytes
+    ciphertext: bytes
+    """With its GCM tag."""
+    identity: str
+    """The start identity, 64 hex digits."""
+    input_digest: str
+    """The keyed digest of the input, 64 hex digits."""
+    first_step: str
+    """The id of the first step."""
+    first_step_type: str
+    activation_serial: int
+    """The activation serial the service started under."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,79 +757,28 @@ class Statements(Queries):
         self,
         conn: Connection,
         *,
-        run_id: str,
-        workflow_id: str,
-        package_digest: str,
-        principal_iss: str,
-        principal_sub: str,
-        client_id: str | None,
-        connections: Sequence[str],
-        connection_types: Sequence[str],
-        base_urls: Sequence[str],
-        client_ids: Sequence[str],
-        issuer: str,
-        scopes: Sequence[str],
-        audiences: Sequence[str],
-        profiles: Sequence[str],
-        producers: Sequence[str | None],
-        key_version: int,
-        nonce: bytes,
-        ciphertext: bytes,
-        identity: str,
-        input_digest: str,
-        first_step: str,
-        first_step_type: str,
-        activation_serial: int,
+        start: StartArgs,
     ) -> AdmissionStartRow | None:
         """A start of an input that fits the workflow's input schema, judged and, when it is new,
-        written. The parameters describe the run it would create; its bindings, one per
-        connection the workflow uses, come as parallel arrays (connections to client_ids and
-        scopes to producers, one item per connection) under one issuer. Answers one row:
-        start_outcome, the first of these that holds: 'activation-changed' when apply changed
-        the activation serial since activation_serial; 'admission-held' when the admission
-        hold is set; 'erased' when retention erased the run the identity started; 'known' when
-        the identity started a run whose input digest is input_digest; 'conflict' when the
-        identity started a run whose input digest is another; 'created' when none of these
-        holds: the run is written in state running, with its bindings, the sealed input, the
-        start identity and the first step, due now (the step_due_notify trigger wakes an idle
-        dispatcher at commit). Then, for created and known, the run as run_read answers it
-        (null columns otherwise). Only created writes anything. No row when the namespace has
-        no hold or deployment row. Unique violation on the run id (derived from the identity)
-        when a concurrent start of the same identity committed after this statement's
-        snapshot: the statement run again finds that identity and answers known or conflict.
-        ``client_id``: null for event starts. ``connections``: the connection names.
-        ``scopes``: each connection's scopes as a JSON array text. ``audiences``: the token
-        audiences. ``producers``: null outside Casework. ``key_version``: the state key
-        version of the sealed input. ``ciphertext``: with its GCM tag. ``identity``: the start
-        identity, 64 hex digits. ``input_digest``: the keyed digest of the input, 64 hex
-        digits. ``first_step``: the id of the first step. ``activation_serial``: the
-        activation serial the service started under.
+        written. start describes the run it would create (a start_args, transitions.sql):
+        among its fields its bindings, one per connection the workflow uses, under one issuer.
+        Answers one row: start_outcome, the first of these that holds: 'activation-changed'
+        when apply changed the activation serial since activation_serial; 'admission-held'
+        when the admission hold is set; 'erased' when retention erased the run the identity
+        started; 'known' when the identity started a run whose input digest is input_digest;
+        'conflict' when the identity started a run whose input digest is another; 'created'
+        when none of these holds: the run is written in state running, with its bindings, the
+        sealed input, the start identity and the first step, due now (the step_due_notify
+        trigger wakes an idle dispatcher at commit). Then, for created and known, the run as
+        run_read answers it (null columns otherwise). Only created writes anything. No row
+        when the namespace has no hold or deployment row. Unique violation on the run id
+        (derived from the identity) when a concurrent start of the same identity committed
+        after this statement's snapshot: the statement run again finds that identity and
+        answers known or conflict. ``start``: the run it would create.
         """
         record: Record | None = await conn.fetchrow(
             self["admission_start"],
-            run_id,
-            workflow_id,
-            package_digest,
-            principal_iss,
-            principal_sub,
-            client_id,
-            connections,
-            connection_types,
-            base_urls,
-            client_ids,
-            issuer,
-            scopes,
-            audiences,
-            profiles,
-            producers,
-            key_version,
-            nonce,
-            ciphertext,
-            identity,
-            input_digest,
-            first_step,
-            first_step_type,
-            activation_serial,
+            start,
         )
         return None if record is None else AdmissionStartRow(*record)
 
@@ -1095,47 +1131,20 @@ class Statements(Queries):
         run_id: str,
         step_id: str,
         owner: str,
-        state: str,
-        effect: str | None,
-        purposes: Sequence[str],
-        key_versions: Sequence[int],
-        nonces: Sequence[bytes],
-        ciphertexts: Sequence[bytes],
-        passed_ids: Sequence[str],
-        passed_types: Sequence[str],
-        next_step: str | None,
-        next_type: str | None,
-        run_state: str | None,
-        outcome: str | None,
-        failure_kind: str | None,
-        failure_path: str | None,
+        settle: SettleArgs,
     ) -> DispatcherStepSettleRow | None:
-        """Settle a step leased to owner: it ends in state with effect (null keeps the present
-        one), keeping the payloads given as parallel arrays; the local steps passed_ids of
-        passed_types are passed, then step next_step (of type next_type) is due next, or (with
-        next_step null) the run ends in run_state with outcome and the failure failure_kind at
-        failure_path. One call of step_settle in transitions.sql, which says what each outcome
-        wrote; always one row. ``failure_path``: a JSON pointer.
+        """Settle a step leased to owner as settle says: it ends in its state with its effect
+        (null keeps the present one), keeping the payloads given; the local steps passed are
+        recorded, then the next step is due, or (with none) the run ends in run_state with
+        outcome and failure. One call of step_settle in transitions.sql, which says what each
+        outcome wrote; always one row. ``settle``: how the step ends and where its run goes.
         """
         record: Record | None = await conn.fetchrow(
             self["dispatcher_step_settle"],
             run_id,
             step_id,
             owner,
-            state,
-            effect,
-            purposes,
-            key_versions,
-            nonces,
-            ciphertexts,
-            passed_ids,
-            passed_types,
-            next_step,
-            next_type,
-            run_state,
-            outcome,
-            failure_kind,
-            failure_path,
+            settle,
         )
         return None if record is None else DispatcherStepSettleRow(*record)
 
@@ -1848,46 +1857,21 @@ class Statements(Queries):
         run_id: str,
         step_id: str,
         row_version: str,
-        state: str,
-        effect: str | None,
-        purposes: Sequence[str],
-        key_versions: Sequence[int],
-        nonces: Sequence[bytes],
-        ciphertexts: Sequence[bytes],
-        passed_ids: Sequence[str],
-        passed_types: Sequence[str],
-        next_step: str | None,
-        next_type: str | None,
-        run_state: str | None,
-        outcome: str | None,
-        failure_kind: str | None,
-        failure_path: str | None,
+        settle: SettleArgs,
     ) -> RecoveryStepSettleRow | None:
-        """Settle an operator's step in operator mode, with step_settle's arguments after its
-        owner: one call of step_operator_settle in transitions.sql, which says what each
-        outcome wrote (changed: the step is no longer the version read, nothing written);
-        always one row. ``row_version``: the step's version as recovery_held_step read it.
-        ``failure_path``: a JSON pointer.
+        """Settle an operator's step in operator mode, as settle says (what step_settle takes
+        after its owner; the step's effect becomes exactly its effect): one call of
+        step_operator_settle in transitions.sql, which says what each outcome wrote (changed:
+        the step is no longer the version read, nothing written); always one row.
+        ``row_version``: the step's version as recovery_held_step read it. ``settle``: how the
+        step ends and where its run goes.
         """
         record: Record | None = await conn.fetchrow(
             self["recovery_step_settle"],
             run_id,
             step_id,
             row_version,
-            state,
-            effect,
-            purposes,
-            key_versions,
-            nonces,
-            ciphertexts,
-            passed_ids,
-            passed_types,
-            next_step,
-            next_type,
-            run_state,
-            outcome,
-            failure_kind,
-            failure_path,
+            settle,
         )
         return None if record is None else RecoveryStepSettleRow(*record)
 
@@ -2035,25 +2019,17 @@ class Statements(Queries):
         ends: bool,
         may_time_out: bool,
         attention: bool | None,
-        purposes: Sequence[str],
-        key_versions: Sequence[int],
-        nonces: Sequence[bytes],
-        ciphertexts: Sequence[bytes],
-        passed_ids: Sequence[str],
-        passed_types: Sequence[str],
-        next_step: str | None,
-        next_type: str | None,
-        run_state: str | None,
-        outcome: str | None,
+        settle: SettleArgs,
     ) -> WaitsRecordReadRow | None:
         """Record a read of a wait-for step leased to owner: with ends (a decision), or with
         may_time_out once its timeout has come, the wait ends and the step completes with the
-        payloads and the way on given (as dispatcher_step_settle takes them); otherwise the
-        step is due at its next check or its timeout and gives up its lease, and the run's
-        attention is set to attention (null: left). One call of step_record_read in
-        transitions.sql, which says what each outcome wrote; always one row, ended saying
-        whether the wait ended. ``ends``: the read brought a decision. ``may_time_out``: the
-        step has an onTimeout path.
+        payloads and the way on settle gives (as dispatcher_step_settle takes them; the step
+        completes whatever its state says); otherwise the step is due at its next check or its
+        timeout and gives up its lease, and the run's attention is set to attention (null:
+        left). One call of step_record_read in transitions.sql, which says what each outcome
+        wrote; always one row, ended saying whether the wait ended. ``ends``: the read brought
+        a decision. ``may_time_out``: the step has an onTimeout path. ``settle``: how the step
+        completes when the wait ends.
         """
         record: Record | None = await conn.fetchrow(
             self["waits_record_read"],
@@ -2063,16 +2039,7 @@ class Statements(Queries):
             ends,
             may_time_out,
             attention,
-            purposes,
-            key_versions,
-            nonces,
-            ciphertexts,
-            passed_ids,
-            passed_types,
-            next_step,
-            next_type,
-            run_state,
-            outcome,
+            settle,
         )
         return None if record is None else WaitsRecordReadRow(*record)
 

@@ -1,4 +1,5 @@
--- Registry Coordinator step transitions, for schema version 4.
+-- Registry Coordinator step transitions, for schema version 4, and the composite types
+-- their callers pass wide arguments in.
 --
 -- The writes a dispatcher makes most often are PostgreSQL functions, each taking one step
 -- from where it is to where it goes next in one call, and answering what happened as an
@@ -13,6 +14,23 @@
 -- may call one only when its own grants allow every row it touches, and core/db/roles.py
 -- grants EXECUTE to the dispatcher alone. Each pins search_path, so every name it reads
 -- is the namespace's own or pg_catalog's.
+--
+-- Argument types. What a step's end carries (its payloads, the local steps passed, the way
+-- on or the run's end) and what a start writes are one value each, of a composite type of
+-- the namespace (settle_args, start_args with its binding_args), not a dozen or two
+-- positional arguments: a caller builds one typed value (the NamedTuple of the same name
+-- that scripts/gen_query_names.py makes from the `-- type:` header above each type) and a
+-- function reads its fields by name. A type is created when it is missing and otherwise
+-- left as it is, never dropped and made again: a type cannot be replaced while functions
+-- take it, and keeping it keeps its oid, which every connection's prepared statements and
+-- asyncpg's codec for it name. The drift check compares its attributes with this file like
+-- a table's columns, so a later change of its fields is an ALTER TYPE written here. Only
+-- the schema's owner may make objects of these types (grants_reset revokes USAGE from
+-- PUBLIC; calling a function that takes one needs none).
+--
+-- Retired signatures. CREATE OR REPLACE with other arguments makes a second function
+-- beside the first, which the drift check would refuse, so a function whose arguments
+-- changed is dropped here under its earlier signature.
 --
 -- Outcomes, shared by the functions below:
 --
@@ -44,6 +62,99 @@
 -- version (xmin) of the step they read before deciding, and step_checked confirms it
 -- under the same locks step_leased takes. Settling then goes through step_settle itself,
 -- so a run goes on or ends exactly as it does when a dispatcher settles its step.
+
+-- type: settle_args
+-- How a step ends and where its run goes, with the payloads it keeps sealed: what
+-- step_settle takes after run, step and owner (step_operator_settle after the step's row
+-- version; step_record_read for a read that ends its wait).
+-- field state (text): the step's end: completed, refused, failed or cancelled
+-- field effect (text, null): the call's effect; null keeps the present one
+-- field purposes (text[]): the payloads to keep, one item each in these four lists
+-- field key_versions (integer[]): the state key version each is sealed under
+-- field nonces (bytea[])
+-- field ciphertexts (bytea[]): each with its GCM tag
+-- field passed_ids (text[]): the local steps decided on the way, in order
+-- field passed_types (text[])
+-- field next_step (text, null): the run's next step; null when the run ends here
+-- field next_type (text, null)
+-- field run_state (text, null): the run's end (succeeded, failed) when it ends
+-- field outcome (text, null): the run's outcome when it ends
+-- field failure_kind (text, null): why the run failed
+-- field failure_path (text, null): where, as a JSON pointer
+DO $settle_args$
+BEGIN
+    IF to_regtype('{{ns}}.settle_args') IS NULL THEN
+        CREATE TYPE {{ns}}.settle_args AS (
+            state text, effect text,
+            purposes text[], key_versions integer[], nonces bytea[], ciphertexts bytea[],
+            passed_ids text[], passed_types text[], next_step text, next_type text,
+            run_state text, outcome text, failure_kind text, failure_path text);
+    END IF;
+END
+$settle_args$;
+
+-- type: binding_args
+-- One connection a run depends on, as admission_start records it in binding.
+-- field connection (text): the connection's name
+-- field connection_type (text)
+-- field base_url (text)
+-- field client_id (text)
+-- field scopes (text[])
+-- field audience (text): the token audience
+-- field profile (text)
+-- field producer (text, null): null outside Casework
+DO $binding_args$
+BEGIN
+    IF to_regtype('{{ns}}.binding_args') IS NULL THEN
+        CREATE TYPE {{ns}}.binding_args AS (
+            connection text, connection_type text, base_url text, client_id text,
+            scopes text[], audience text, profile text, producer text);
+    END IF;
+END
+$binding_args$;
+
+-- type: start_args
+-- A start of an input that fits its workflow: the run admission_start would create.
+-- field run_id (text)
+-- field workflow_id (text)
+-- field package_digest (text)
+-- field principal_iss (text)
+-- field principal_sub (text)
+-- field client_id (text, null): null for event starts
+-- field issuer (text): the issuer of every binding's client
+-- field bindings (binding_args[]): one per connection the workflow uses
+-- field key_version (integer): the state key version of the sealed input
+-- field nonce (bytea)
+-- field ciphertext (bytea): with its GCM tag
+-- field identity (text): the start identity, 64 hex digits
+-- field input_digest (text): the keyed digest of the input, 64 hex digits
+-- field first_step (text): the id of the first step
+-- field first_step_type (text)
+-- field activation_serial (bigint): the activation serial the service started under
+DO $start_args$
+BEGIN
+    IF to_regtype('{{ns}}.start_args') IS NULL THEN
+        CREATE TYPE {{ns}}.start_args AS (
+            run_id text, workflow_id text, package_digest text,
+            principal_iss text, principal_sub text, client_id text,
+            issuer text, bindings {{ns}}.binding_args[],
+            key_version integer, nonce bytea, ciphertext bytea,
+            identity text, input_digest text,
+            first_step text, first_step_type text, activation_serial bigint);
+    END IF;
+END
+$start_args$;
+
+-- The signatures before the arguments of a step's end became one settle_args (issue 39).
+DROP FUNCTION IF EXISTS {{ns}}.step_settle(
+    text, text, text, text, text, text[], integer[], bytea[], bytea[], text[], text[],
+    text, text, text, text, text, text);
+DROP FUNCTION IF EXISTS {{ns}}.step_operator_settle(
+    text, text, text, text, text, text[], integer[], bytea[], bytea[], text[], text[],
+    text, text, text, text, text, text);
+DROP FUNCTION IF EXISTS {{ns}}.step_record_read(
+    text, text, text, boolean, boolean, boolean, text[], integer[], bytea[], bytea[],
+    text[], text[], text, text, text, text);
 
 -- Whether a cancel abandoned step number p_seq of a run: the run is cancelling (p_cancelling)
 -- and the step comes before the onCancel path, which starts at step number p_cancel_seq (null:
@@ -282,11 +393,12 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_end_cancelled(
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
     AS $$
+        DECLARE
+            v_end {{ns}}.settle_args;  -- nothing kept, nothing follows
         BEGIN
+            v_end.state := 'cancelled';
             SELECT x.outcome, x.run_state INTO outcome, run_state
-              FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'cancelled', NULL,
-                                      '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                      NULL, NULL, NULL, NULL) x;
+              FROM {{ns}}.step_settle(p_run, p_step, p_owner, v_end) x;
         END
     $$;
 
@@ -309,6 +421,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
         DECLARE
             l record;
             deadline timestamptz;
+            v_end {{ns}}.settle_args;
         BEGIN
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
             IF l.verdict <> 'ours' THEN
@@ -323,10 +436,11 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
             SELECT x.deadline_at INTO deadline
               FROM {{ns}}.step x WHERE x.run_id = p_run AND x.step_id = p_step;
             IF deadline - {{ns}}.now() <= make_interval(secs => p_delay) THEN
+                v_end.state := 'failed';
+                v_end.run_state := 'failed';
+                v_end.failure_kind := 'deadline-exceeded';
                 SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'failed', NULL,
-                                          '{}', '{}', '{}', '{}', '{}', '{}', NULL, NULL,
-                                          'failed', NULL, 'deadline-exceeded', NULL) x;
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, v_end) x;
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x
@@ -435,8 +549,9 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_plan_check(
 -- decision) or, with p_may_time_out (the step has an onTimeout path), when the step's
 -- timeout has come by the database's clock: the check is counted as the last one, the
 -- run's attention is cleared (by the rule below), and the step completes as
--- step_settle completes it, with the payloads and the way on given (p_purposes ...
--- p_outcome, as step_settle takes them); ended answers that it did. Otherwise the check is
+-- step_settle completes it, with the payloads and the way on p_settle gives (its state,
+-- effect and failure aside: a read ends a wait by completing the step, with no effect and
+-- no failure); ended answers that it did. Otherwise the check is
 -- counted, the step is due at its next check or its timeout, whichever comes first, and
 -- gives up its lease, and the run's attention is set to p_attention (null: left as it is):
 -- true when the product refused to show the result or failed TLS verification, false once
@@ -446,10 +561,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_plan_check(
 -- it.
 CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
     p_run text, p_step text, p_owner text, p_ends boolean, p_may_time_out boolean,
-    p_attention boolean,
-    p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
-    p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text,
-    p_run_state text, p_outcome text,
+    p_attention boolean, p_settle {{ns}}.settle_args,
     OUT outcome text, OUT run_state text, OUT ended boolean)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
@@ -457,6 +569,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
         DECLARE
             l record;
             clear_or_set boolean := p_attention;
+            v_end {{ns}}.settle_args := p_settle;
         BEGIN
             ended := false;
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
@@ -498,51 +611,49 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
                                           AND {{ns}}.step_wants_attention(s.state, s.cause)));
             END IF;
             IF ended THEN
+                v_end.state := 'completed';
+                v_end.effect := NULL;
+                v_end.failure_kind := NULL;
+                v_end.failure_path := NULL;
                 SELECT x.outcome, x.run_state INTO outcome, run_state
-                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, 'completed', NULL,
-                                          p_purposes, p_key_versions, p_nonces, p_ciphertexts,
-                                          p_passed_ids, p_passed_types, p_next, p_next_type,
-                                          p_run_state, p_outcome, NULL, NULL) x;
+                  FROM {{ns}}.step_settle(p_run, p_step, p_owner, v_end) x;
                 RETURN;
             END IF;
             outcome := 'written';
         END
     $$;
 
--- Settle step p_step of run p_run, leased to p_owner: it ends in state p_state (completed,
--- refused, failed or cancelled) with effect p_effect (null keeps the present one; the
--- cause is cleared, since what is now known replaces it), its payloads are stored
--- (parallel arrays p_purposes, p_key_versions, p_nonces, p_ciphertexts; may be empty),
--- and the run moves on. A step that asked for attention (step_wants_attention: it waited
--- with a cause of sending nothing and its deadline passed or a cancel ended it, or an
--- operator settles it in operator mode) takes that attention with it: the run's attention
--- is recomputed without it. Then:
+-- Settle step p_step of run p_run, leased to p_owner, as p_settle (a settle_args) says: it
+-- ends in state p_settle.state (completed, refused, failed or cancelled) with effect
+-- p_settle.effect (null keeps the present one; the cause is cleared, since what is now
+-- known replaces it), its payloads are stored (the parallel arrays purposes, key_versions,
+-- nonces, ciphertexts; empty or null: none), and the run moves on. A step that asked for
+-- attention (step_wants_attention: it waited with a cause of sending nothing and its
+-- deadline passed or a cancel ended it, or an operator settles it in operator mode) takes
+-- that attention with it: the run's attention is recomputed without it. Then:
 --
--- * the local steps the dispatcher already decided from the run's values (parallel arrays
---   p_passed_ids, p_passed_types; may be empty) are recorded as reached and completed, in
---   order;
--- * then step p_next (of type p_next_type) becomes the run's next step, due now, and the
---   run is running; or, when p_next is null, the run ends in p_run_state (succeeded or
---   failed) with outcome p_outcome and failure p_failure_kind at JSON pointer
---   p_failure_path, naming p_step. A run on its onCancel path ends cancelled instead,
---   keeping the outcome and no failure.
+-- * the local steps the dispatcher already decided from the run's values (the parallel
+--   arrays passed_ids, passed_types; empty or null: none) are recorded as reached and
+--   completed, in order;
+-- * then step next_step (of type next_type) becomes the run's next step, due now, and the
+--   run is running; or, when next_step is null, the run ends in run_state (succeeded or
+--   failed) with outcome outcome and failure failure_kind at JSON pointer failure_path,
+--   naming p_step. A run on its onCancel path ends cancelled instead, keeping the outcome
+--   and no failure.
 --
 -- Answers the outcome (see the file header) and the run's state when this ended it or
 -- moved it on. Every case besides 'written' writes exactly what its outcome says.
 CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
-    p_run text, p_step text, p_owner text, p_state text, p_effect text,
-    p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
-    p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text,
-    p_run_state text, p_outcome text, p_failure_kind text, p_failure_path text,
+    p_run text, p_step text, p_owner text, p_settle {{ns}}.settle_args,
     OUT outcome text, OUT run_state text)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
     AS $$
         DECLARE
             l record;
-            v_state text := p_state;
+            v_state text := p_settle.state;
             v_keep boolean := true;
-            v_passed integer := coalesce(cardinality(p_passed_ids), 0);
+            v_passed integer := coalesce(cardinality(p_settle.passed_ids), 0);
         BEGIN
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
             IF l.verdict <> 'ours' THEN
@@ -569,7 +680,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
 
             UPDATE {{ns}}.step
                SET state = v_state,
-                   effect = coalesce(p_effect, effect),
+                   effect = coalesce(p_settle.effect, effect),
                    cause = NULL, cause_status = NULL,
                    due_at = NULL,
                    ended_at = {{ns}}.now(),
@@ -579,11 +690,12 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
             IF {{ns}}.step_wants_attention(l.state, l.cause) THEN
                 PERFORM {{ns}}.run_attention_recompute(p_run);
             END IF;
-            IF v_keep AND coalesce(cardinality(p_purposes), 0) > 0 THEN
+            IF v_keep AND coalesce(cardinality(p_settle.purposes), 0) > 0 THEN
                 INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce,
                                             ciphertext)
                 SELECT p_run, p_step, x.purpose, x.key_version, x.nonce, x.ciphertext
-                  FROM unnest(p_purposes, p_key_versions, p_nonces, p_ciphertexts)
+                  FROM unnest(p_settle.purposes, p_settle.key_versions, p_settle.nonces,
+                              p_settle.ciphertexts)
                        WITH ORDINALITY AS x(purpose, key_version, nonce, ciphertext, n)
                  ORDER BY x.n;
             END IF;
@@ -598,8 +710,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
             ELSIF outcome = 'held' THEN
                 -- nothing is executed under the hold: the first local step waits for it
                 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-                VALUES (p_run, p_passed_ids[1], l.seq + 1, p_passed_types[1], 'ready',
-                        {{ns}}.now());
+                VALUES (p_run, p_settle.passed_ids[1], l.seq + 1, p_settle.passed_types[1],
+                        'ready', {{ns}}.now());
                 UPDATE {{ns}}.run
                    SET state = 'running', updated_at = {{ns}}.now()
                  WHERE id = p_run;
@@ -611,25 +723,28 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, ended_at)
                 SELECT p_run, x.step_id, l.seq + x.n::integer, x.step_type, 'completed',
                        {{ns}}.now()
-                  FROM unnest(p_passed_ids, p_passed_types)
+                  FROM unnest(p_settle.passed_ids, p_settle.passed_types)
                        WITH ORDINALITY AS x(step_id, step_type, n);
             END IF;
-            IF p_next IS NOT NULL THEN
+            IF p_settle.next_step IS NOT NULL THEN
                 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-                VALUES (p_run, p_next, l.seq + v_passed + 1, p_next_type, 'ready',
-                        {{ns}}.now());
+                VALUES (p_run, p_settle.next_step, l.seq + v_passed + 1, p_settle.next_type,
+                        'ready', {{ns}}.now());
                 UPDATE {{ns}}.run
                    SET state = 'running', updated_at = {{ns}}.now()
                  WHERE id = p_run;
                 run_state := 'running';
             ELSE
                 UPDATE {{ns}}.run
-                   SET state = CASE WHEN cancelling THEN 'cancelled' ELSE p_run_state END,
-                       outcome = p_outcome,
-                       failure_kind = CASE WHEN cancelling THEN NULL ELSE p_failure_kind END,
-                       failure_path = CASE WHEN cancelling THEN NULL ELSE p_failure_path END,
-                       failure_step = CASE WHEN cancelling OR p_failure_kind IS NULL THEN NULL
-                                           ELSE p_step END,
+                   SET state = CASE WHEN cancelling THEN 'cancelled'
+                                    ELSE p_settle.run_state END,
+                       outcome = p_settle.outcome,
+                       failure_kind = CASE WHEN cancelling THEN NULL
+                                           ELSE p_settle.failure_kind END,
+                       failure_path = CASE WHEN cancelling THEN NULL
+                                           ELSE p_settle.failure_path END,
+                       failure_step = CASE WHEN cancelling OR p_settle.failure_kind IS NULL
+                                           THEN NULL ELSE p_step END,
                        ended_at = {{ns}}.now(),
                        updated_at = {{ns}}.now()
                  WHERE id = p_run
@@ -676,17 +791,14 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_checked(
     $$;
 
 -- An operator settles step p_step of run p_run, read as version p_version: step_settle in
--- operator mode, with step_settle's arguments after its owner. The step's effect becomes
--- exactly p_effect (null: none is known) and its cause is cleared, the operator holds the
+-- operator mode, with the same p_settle. The step's effect becomes exactly
+-- p_settle.effect (null: none is known) and its cause is cleared, the operator holds the
 -- step's lease for the rest of this call (so the same checks apply), and step_settle ends
 -- the step and moves the run on or ends it; its outcome says which (abandoned or
 -- run-ended: the step alone). A run that goes on while another of its steps is still
 -- uncertain stays held. Outcome changed when the step is not the version read.
 CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
-    p_run text, p_step text, p_version text, p_state text, p_effect text,
-    p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[],
-    p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text,
-    p_run_state text, p_outcome text, p_failure_kind text, p_failure_path text,
+    p_run text, p_step text, p_version text, p_settle {{ns}}.settle_args,
     OUT outcome text, OUT run_state text)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
@@ -701,17 +813,15 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x
-               SET effect = p_effect, cause = NULL, cause_status = NULL,
+               SET effect = p_settle.effect, cause = NULL, cause_status = NULL,
                    lease_owner = v_owner,
                    lease_epoch = (SELECT h.epoch FROM {{ns}}.hold h),
                    lease_expires_at = {{ns}}.now()
              WHERE x.run_id = p_run AND x.step_id = p_step;
+            -- (the effect just written stays: step_settle keeps it for a null, and writes
+            -- the same one again otherwise)
             SELECT x.outcome, x.run_state INTO outcome, run_state
-              FROM {{ns}}.step_settle(p_run, p_step, v_owner, p_state, NULL,
-                                      p_purposes, p_key_versions, p_nonces, p_ciphertexts,
-                                      p_passed_ids, p_passed_types, p_next, p_next_type,
-                                      p_run_state, p_outcome, p_failure_kind,
-                                      p_failure_path) x;
+              FROM {{ns}}.step_settle(p_run, p_step, v_owner, p_settle) x;
             IF run_state = 'running' AND EXISTS (
                    SELECT 1 FROM {{ns}}.step x
                     WHERE x.run_id = p_run AND x.state = 'uncertain') THEN
@@ -737,16 +847,16 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_not_sent(
     AS $$
         DECLARE
             c record;
+            v_end {{ns}}.settle_args;  -- nothing kept, nothing follows, no effect
         BEGIN
             SELECT * INTO c FROM {{ns}}.step_checked(p_run, p_step, p_version);
             IF c.verdict <> 'ours' THEN
                 outcome := c.verdict;
                 RETURN;
             ELSIF c.abandoned OR c.run_ended THEN
+                v_end.state := 'cancelled';
                 SELECT * INTO outcome, run_state
-                  FROM {{ns}}.step_operator_settle(p_run, p_step, p_version, 'cancelled',
-                                                   NULL, '{}', '{}', '{}', '{}', '{}', '{}',
-                                                   NULL, NULL, NULL, NULL, NULL, NULL);
+                  FROM {{ns}}.step_operator_settle(p_run, p_step, p_version, v_end);
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x

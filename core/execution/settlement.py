@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from core.crypto import Keyring
+from core.db.statements import SettleArgs
 from core.execution.onward import Onward
 from core.payloads import seal_json
 from core.states import RunState, StepState, Transition
@@ -60,29 +61,6 @@ class Failure:
 
     kind: str
     path: str | None = None
-
-
-@dataclass(frozen=True)
-class SettleArguments:
-    """``step_settle``'s arguments after run, step and owner (or, in operator mode, the
-    step's row version), the payloads sealed (once: a retried settle reuses them); the
-    keyword arguments of ``dispatcher_step_settle`` and ``recovery_step_settle`` as they
-    are."""
-
-    state: str
-    effect: str | None
-    purposes: list[str]
-    key_versions: list[int]
-    nonces: list[bytes]
-    ciphertexts: list[bytes]
-    passed_ids: list[str]
-    passed_types: list[str]
-    next_step: str | None
-    next_type: str | None
-    run_state: str | None
-    outcome: str | None
-    failure_kind: str | None
-    failure_path: str | None
 
 
 @dataclass(frozen=True)
@@ -134,13 +112,15 @@ class Settlement:
         """The step ends ``state`` and the run fails with ``failure``."""
         return cls(state, effect, keep or {}, None, RunState.FAILED, failure=failure)
 
-    def arguments(self, keyring: Keyring, namespace: str, run_id: str) -> SettleArguments:
-        """``dispatcher_step_settle``'s arguments after run, step and owner, the payloads
-        sealed (once: a retried settle reuses them)."""
+    def arguments(self, keyring: Keyring, namespace: str, run_id: str) -> SettleArgs:
+        """The ``settle_args`` value ``step_settle`` takes after run, step and owner (and
+        ``step_operator_settle`` after the row version): the ``settle`` argument of
+        ``dispatcher_step_settle``, ``recovery_step_settle`` and ``waits_record_read``, with
+        the payloads sealed (once: a retried settle reuses it)."""
         way = self.way
         failure = self.failure
         sealed = [seal_json(keyring, namespace, run_id, p, v) for p, v in self.keep.items()]
-        return SettleArguments(
+        return SettleArgs(
             state=self.state,
             effect=self.effect,
             purposes=list(self.keep),

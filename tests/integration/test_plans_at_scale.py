@@ -161,18 +161,19 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "a settle that passes a local step and makes the next due": (
         "dispatcher_step_settle",
         "",
-        ("completed", None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"],
-         ["choose"], "notify", "call", None, None, None, None),
+        (("completed", None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"],
+          ["choose"], "notify", "call", None, None, None, None),),
     ),
     "a settle that fails the run": (
         "dispatcher_step_settle",
         "",
-        ("failed", None, [], [], [], [], [], [], None, None, "failed", None, "refused", None),
+        (("failed", None, [], [], [], [], [], [], None, None, "failed", None, "refused",
+          None),),
     ),
     "a settle of a step a cancel abandoned": (
         "dispatcher_step_settle",
         "cancel",
-        ("cancelled", None, [], [], [], [], [], [], None, None, None, None, None, None),
+        (("cancelled", None, [], [], [], [], [], [], None, None, None, None, None, None),),
     ),
     "an unknown effect that holds the run": (
         "dispatcher_step_uncertain",
@@ -217,13 +218,14 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "a read that schedules the next check": (
         "waits_record_read",
         ", next_check_at = {ns}.now() + interval '1 minute'",
-        (False, False, True, [], [], [], [], [], [], None, None, None, None),
+        (False, False, True, ("completed", None, [], [], [], [], [], [], None, None, None,
+                              None, None, None)),
     ),
     "a read that ends the wait": (
         "waits_record_read",
         "",
-        (True, False, None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"], ["choose"],
-         "notify", "call", None, None),
+        (True, False, None, ("completed", None, ["wait-result"], [1], [NONCE], [b"x"],
+                             ["decide"], ["choose"], "notify", "call", None, None, None, None)),
     ),
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
@@ -248,14 +250,14 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "an operator's settle of an accepted call": (
         "recovery_step_settle",
         "operator state = 'uncertain', step_type = 'call', effect = 'unknown', due_at = NULL",
-        ("completed", "accepted", ["response"], [1], [NONCE], [b"x"], [], [], "notify", "call",
-         None, None, None, None),
+        (("completed", "accepted", ["response"], [1], [NONCE], [b"x"], [], [], "notify",
+          "call", None, None, None, None),),
     ),
     "an operator's settle that fails the run": (
         "recovery_step_settle",
         "operator state = 'uncertain', step_type = 'call', effect = 'unknown', due_at = NULL",
-        ("failed", "accepted", [], [], [], [], [], [], None, None, "failed", None,
-         "mapping-invalid", "/x"),
+        (("failed", "accepted", [], [], [], [], [], [], None, None, "failed", None,
+          "mapping-invalid", "/x"),),
     ),
     "a receipt that proves the command never arrived": (
         "recovery_step_not_sent",

@@ -14,7 +14,8 @@ import pytest
 
 from core import deploy
 from core.db.connect import connect, quote_ident
-from core.db.roles import GRANTS, component_role
+from core.db.queries import composite_types
+from core.db.roles import COMPONENTS, GRANTS, component_role
 from core.errors import CoordinatorError
 from devstack.postgres import DatabaseHandle, PostgresServer, scram_verifier
 from tests.helpers.deployment import (
@@ -310,6 +311,29 @@ async def test_grants_equal_the_declared_table(deployment: TestDeployment) -> No
     }
     assert only_columns == column_level
     assert deployment.database.runtime_role not in {row["grantee"] for row in rows}
+
+
+async def test_no_role_but_the_owner_may_use_the_argument_types(
+    deployment: TestDeployment,
+) -> None:
+    await deploy.apply(deployment.checked(), [])
+    roles = ["public", deployment.database.runtime_role]
+    roles += [component_role(deployment.namespace, c) for c in COMPONENTS]
+    conn = await migration_connection(deployment.database)
+    try:
+        usage = {
+            (role, name): await conn.fetchval(
+                "SELECT has_type_privilege($1, $2, 'USAGE')",
+                role,
+                f"{quote_ident(deployment.namespace)}.{name}",
+            )
+            for role in roles
+            for name in composite_types()
+        }
+    finally:
+        await conn.close()
+    assert len(usage) == len(roles) * 3
+    assert not any(usage.values()), usage
 
 
 async def test_a_component_role_cannot_reach_another_namespace(

@@ -111,6 +111,10 @@ DRIFTS = {
         "CREATE FUNCTION {ns}.extra() RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$",
         "function extra() is not part of version 4",
     ),
+    "a changed argument type": (
+        "ALTER TYPE {ns}.settle_args ADD ATTRIBUTE note text",
+        "column settle_args.note is not part of version 4",
+    ),
 }
 
 
@@ -137,11 +141,7 @@ async def test_apply_puts_the_transition_functions_of_its_release_in_place(
     # An earlier release's step_settle, say: same arguments, another body.
     await migrator.execute(
         f"""CREATE OR REPLACE FUNCTION {ns}.step_settle(
-                p_run text, p_step text, p_owner text, p_state text, p_effect text,
-                p_purposes text[], p_key_versions integer[], p_nonces bytea[],
-                p_ciphertexts bytea[], p_passed_ids text[], p_passed_types text[],
-                p_next text, p_next_type text, p_run_state text, p_outcome text,
-                p_failure_kind text, p_failure_path text,
+                p_run text, p_step text, p_owner text, p_settle {ns}.settle_args,
                 OUT outcome text, OUT run_state text)
             LANGUAGE plpgsql AS $$ BEGIN outcome := 'written'; END $$"""
     )
@@ -149,6 +149,72 @@ async def test_apply_puts_the_transition_functions_of_its_release_in_place(
     assert found.startswith("function step_settle(p_run text,") and found.endswith(" differs")
 
     await deploy.apply(checked, [])
+    assert await drift(migrator, deployment.namespace) == []
+
+
+# The transition functions as the release before settle_args (issue 39) installed them: the
+# ends of a step as 14 positional arguments. Their bodies do not matter here.
+EARLIER_SIGNATURES = (
+    "step_settle(p_run text, p_step text, p_owner text, p_state text, p_effect text, "
+    "p_purposes text[], p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[], "
+    "p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text, "
+    "p_run_state text, p_outcome text, p_failure_kind text, p_failure_path text, "
+    "OUT outcome text, OUT run_state text)",
+    "step_operator_settle(p_run text, p_step text, p_version text, p_state text, "
+    "p_effect text, p_purposes text[], p_key_versions integer[], p_nonces bytea[], "
+    "p_ciphertexts bytea[], p_passed_ids text[], p_passed_types text[], p_next text, "
+    "p_next_type text, p_run_state text, p_outcome text, p_failure_kind text, "
+    "p_failure_path text, OUT outcome text, OUT run_state text)",
+    "step_record_read(p_run text, p_step text, p_owner text, p_ends boolean, "
+    "p_may_time_out boolean, p_attention boolean, p_purposes text[], "
+    "p_key_versions integer[], p_nonces bytea[], p_ciphertexts bytea[], "
+    "p_passed_ids text[], p_passed_types text[], p_next text, p_next_type text, "
+    "p_run_state text, p_outcome text, OUT outcome text, OUT run_state text, "
+    "OUT ended boolean)",
+)
+
+
+async def test_apply_over_the_release_before_the_argument_types_leaves_no_old_signature(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    # What that release left: no argument types, and its functions under their signatures.
+    await migrator.execute(
+        f"DROP TYPE {ns}.settle_args, {ns}.start_args, {ns}.binding_args CASCADE"
+    )
+    for signature in EARLIER_SIGNATURES:
+        await migrator.execute(
+            f"CREATE FUNCTION {ns}.{signature} LANGUAGE plpgsql "
+            "AS $$ BEGIN outcome := 'written'; END $$"
+        )
+    assert len(await drift(migrator, deployment.namespace)) > len(EARLIER_SIGNATURES)
+
+    await deploy.apply(checked, [])
+    assert await drift(migrator, deployment.namespace) == []
+    left = await migrator.fetchval(
+        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = $1"
+        " AND p.proname IN ('step_settle', 'step_operator_settle', 'step_record_read')",
+        deployment.namespace,
+    )
+    assert left == 3
+
+
+async def test_apply_keeps_the_argument_types_it_finds(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    types = ("settle_args", "binding_args", "start_args")
+    before = [await migrator.fetchval(f"SELECT '{ns}.{name}'::regtype::oid") for name in types]
+    await deploy.apply(checked, [])
+    after = [await migrator.fetchval(f"SELECT '{ns}.{name}'::regtype::oid") for name in types]
+    # The same types, not new ones of the same name: what a connection prepared and
+    # asyncpg's codec name stays valid across an apply.
+    assert after == before
     assert await drift(migrator, deployment.namespace) == []
 
 

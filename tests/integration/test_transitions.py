@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from core.db.statements import SettleArgs
 from core.execution.onward import Onward
 from core.execution.settlement import Failure, Settlement
 from core.states import Effect, SentNothing, StepState, Transition
@@ -908,7 +909,7 @@ async def operator_settle(kit: DispatchKit, run_id: str, row_version: str, **giv
         "ciphertexts": [b"x"],
         "passed_ids": [],
         "passed_types": [],
-        "next": "check",
+        "next_step": "check",
         "next_type": "choose",
         "run_state": None,
         "outcome": None,
@@ -917,11 +918,10 @@ async def operator_settle(kit: DispatchKit, run_id: str, row_version: str, **giv
     } | given
     return tuple(
         await kit.db.fetchrow(
-            f"SELECT * FROM {kit.ns}.step_operator_settle($1, 'send', $2, "
-            "$3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            f"SELECT * FROM {kit.ns}.step_operator_settle($1, 'send', $2, $3)",
             run_id,
             row_version,
-            *arguments.values(),
+            SettleArgs(**arguments),
         )
     )
 
@@ -954,7 +954,7 @@ async def test_operator_settle_fails_the_run_naming_the_step(kit: DispatchKit) -
         run_id,
         row_version,
         state="failed",
-        next=None,
+        next_step=None,
         next_type=None,
         run_state="failed",
         failure_kind="mapping-invalid",

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from core.db.queries import QUERY_DIR, SqlType, load, query_spec
+from core.db.queries import (
+    QUERY_DIR,
+    SqlType,
+    composite_specs,
+    composite_types,
+    load,
+    query_spec,
+)
 
 
 def test_a_header_names_and_types_every_parameter_and_the_result() -> None:
@@ -72,3 +79,60 @@ def test_every_shipped_query_has_a_structured_header() -> None:
     )
     assert len(specs) == named > 80
     assert {spec.returns for spec in specs} == {"rows", "row", "status", "value"}
+
+
+TYPE = (
+    "-- type: probe_args\n"
+    "-- What a probe takes.\n"
+    "-- field run_id (text): the run\n"
+    "-- field names (text[])\n"
+    "-- field inner (inner_args, null)\n"
+    "DO $probe$ BEGIN\n"
+    "    CREATE TYPE {{ns}}.probe_args AS (\n"
+    "        run_id text, names text[],\n"
+    "        inner {{ns}}.inner_args);\n"
+    "END $probe$;\n"
+    "-- type: inner_args\n"
+    "-- field n (integer)\n"
+    "CREATE TYPE {{ns}}.inner_args AS (n integer);\n"
+)
+
+
+def test_a_composite_type_is_declared_by_its_header_and_taken_as_its_named_tuple() -> None:
+    specs = composite_specs(TYPE, "probe.sql")
+    probe = specs["probe_args"]
+    assert probe.doc == "What a probe takes."
+    assert [(f.name, f.type.python(accepting=True), f.doc) for f in probe.fields] == [
+        ("run_id", "str", "the run"),
+        ("names", "Sequence[str]", ""),
+        ("inner", "InnerArgs | None", ""),
+    ]
+    declared = SqlType.parse("probe_args[]", "probe", {"probe_args"})
+    assert declared.composite
+    assert declared.python(accepting=True) == "Sequence[ProbeArgs]"
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (("-- field names (text[])\n", ""), "are not its attributes"),
+        (("names text[]", "names integer[]"), "are not its attributes"),
+        (("CREATE TYPE {{ns}}.probe_args", "CREATE TYPE {{ns}}.other_args"), "no 'CREATE TYPE"),
+        (("-- field names (text[])", "-- field names text[]"), "malformed field"),
+        (("(inner_args, null)", "(outer_args, null)"), "unknown type 'outer_args'"),
+    ],
+)
+def test_a_composite_header_that_does_not_fit_its_type_is_refused(
+    change: tuple[str, str], words: str
+) -> None:
+    with pytest.raises(ValueError, match=words):
+        composite_specs(TYPE.replace(*change), "probe.sql")
+
+
+def test_the_shipped_composite_types_are_the_ones_the_queries_take() -> None:
+    types = composite_types()
+    assert set(types) == {"settle_args", "binding_args", "start_args"}
+    taken = {
+        p.type.name for spec in map(query_spec, load(), load().values()) for p in spec.parameters
+    }
+    assert {"settle_args", "start_args"} <= taken

@@ -7,9 +7,8 @@
 
 -- name: admission_start
 -- A start of an input that fits the workflow's input schema, judged and, when it is new,
--- written. The parameters describe the run it would create; its bindings, one per
--- connection the workflow uses, come as parallel arrays (connections to client_ids and
--- scopes to producers, one item per connection) under one issuer.
+-- written. start describes the run it would create (a start_args, transitions.sql): among
+-- its fields its bindings, one per connection the workflow uses, under one issuer.
 --
 -- Answers one row: start_outcome, the first of these that holds:
 -- 'activation-changed' when apply changed the activation serial since activation_serial;
@@ -25,29 +24,7 @@
 -- Unique violation on the run id (derived from the identity) when a concurrent start of
 -- the same identity committed after this statement's snapshot: the statement run again
 -- finds that identity and answers known or conflict.
--- $1 run_id (text)
--- $2 workflow_id (text)
--- $3 package_digest (text)
--- $4 principal_iss (text)
--- $5 principal_sub (text)
--- $6 client_id (text, null): null for event starts
--- $7 connections (text[]): the connection names
--- $8 connection_types (text[])
--- $9 base_urls (text[])
--- $10 client_ids (text[])
--- $11 issuer (text)
--- $12 scopes (text[]): each connection's scopes as a JSON array text
--- $13 audiences (text[]): the token audiences
--- $14 profiles (text[])
--- $15 producers (text[], null items): null outside Casework
--- $16 key_version (integer): the state key version of the sealed input
--- $17 nonce (bytea)
--- $18 ciphertext (bytea): with its GCM tag
--- $19 identity (text): the start identity, 64 hex digits
--- $20 input_digest (text): the keyed digest of the input, 64 hex digits
--- $21 first_step (text): the id of the first step
--- $22 first_step_type (text)
--- $23 activation_serial (bigint): the activation serial the service started under
+-- $1 start (start_args): the run it would create
 -- returns: row
 -- column start_outcome (text)
 -- column id (text, null)
@@ -66,46 +43,45 @@
 -- column created_at (timestamptz, null)
 -- column updated_at (timestamptz, null)
 -- column ended_at (timestamptz, null)
-WITH judged AS (
-    SELECT CASE WHEN d.activation_serial <> $23::bigint THEN 'activation-changed'
+WITH given AS (
+    SELECT ($1::{{ns}}.start_args).*
+), judged AS (
+    SELECT CASE WHEN d.activation_serial <> g.activation_serial THEN 'activation-changed'
                 WHEN h.admission_hold THEN 'admission-held'
                 WHEN t.run_id IS NOT NULL THEN 'erased'
                 WHEN i.run_id IS NULL THEN 'created'
-                WHEN i.input_digest = $20::text THEN 'known'
+                WHEN i.input_digest = g.input_digest THEN 'known'
                 ELSE 'conflict'
            END AS start_outcome,
            i.run_id AS known_run
-      FROM {{ns}}.hold h
+      FROM given g
+     CROSS JOIN {{ns}}.hold h
      CROSS JOIN {{ns}}.deployment d
-      LEFT JOIN {{ns}}.start_identity i ON i.identity = $19::text
-      LEFT JOIN {{ns}}.tombstone t ON t.kind = 'start-identity' AND t.value = $19::text
+      LEFT JOIN {{ns}}.start_identity i ON i.identity = g.identity
+      LEFT JOIN {{ns}}.tombstone t ON t.kind = 'start-identity' AND t.value = g.identity
 ), created AS (
     INSERT INTO {{ns}}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
                             client_id)
-    SELECT $1, $2, $3, $4, $5, $6
-      FROM judged
+    SELECT g.run_id, g.workflow_id, g.package_digest, g.principal_iss, g.principal_sub,
+           g.client_id
+      FROM given g, judged
      WHERE start_outcome = 'created'
     RETURNING *
 ), bound AS (
     INSERT INTO {{ns}}.binding (run_id, connection, connection_type, base_url, client_id,
                                 issuer, scopes, audience, profile, producer)
-    SELECT $1, b.connection, b.connection_type, b.base_url, b.client_id, $11,
-           ARRAY(SELECT jsonb_array_elements_text(b.scopes::jsonb)), b.audience, b.profile,
-           b.producer
-      FROM created,
-           unnest($7::text[], $8::text[], $9::text[], $10::text[], $12::text[], $13::text[],
-                  $14::text[], $15::text[])
-           AS b(connection, connection_type, base_url, client_id, scopes, audience, profile,
-                producer)
+    SELECT c.id, b.connection, b.connection_type, b.base_url, b.client_id, g.issuer,
+           b.scopes, b.audience, b.profile, b.producer
+      FROM created c, given g, unnest(g.bindings) AS b
 ), sealed AS (
     INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce, ciphertext)
-    SELECT $1, NULL, 'input', $16, $17, $18 FROM created
+    SELECT c.id, NULL, 'input', g.key_version, g.nonce, g.ciphertext FROM created c, given g
 ), identified AS (
     INSERT INTO {{ns}}.start_identity (identity, run_id, input_digest)
-    SELECT $19, $1, $20 FROM created
+    SELECT g.identity, c.id, g.input_digest FROM created c, given g
 ), first_step AS (
     INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
-    SELECT $1, $21, 1, $22, 'ready', {{ns}}.now() FROM created
+    SELECT c.id, g.first_step, 1, g.first_step_type, 'ready', {{ns}}.now() FROM created c, given g
 ), answered AS (
     -- The run to answer with: the one just written, or the known one (read by its key).
     SELECT * FROM created

@@ -45,6 +45,12 @@ BEGIN
       FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {{ns}}
       FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
+    -- The argument types of transitions.sql: no USAGE for anyone but the owner, PUBLIC's
+    -- default included, so no other role can make an object of one (which would stand in
+    -- the way of a later release changing it). Passing a value of one to a function, as
+    -- the components do, asks for no privilege on the type.
+    REVOKE ALL ON TYPE {{ns}}.settle_args, {{ns}}.binding_args, {{ns}}.start_args
+      FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     GRANT USAGE ON SCHEMA {{ns}} TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     -- Every component may read the clock; every one that writes steps may evaluate the
     -- rules about them (the step table's CHECK calls sent_nothing, so an insert needs it

@@ -371,32 +371,17 @@ SELECT outcome, attempts, first_of_run, since_admission, deadline_in
   FROM {{ns}}.step_prepare($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
 -- name: dispatcher_step_settle
--- Settle a step leased to owner: it ends in state with effect (null keeps the
--- present one), keeping the payloads given as parallel arrays; the local steps
--- passed_ids of passed_types are passed, then step next_step (of type next_type)
--- is due next, or (with next_step null) the run ends in run_state with outcome and
--- the failure failure_kind at failure_path. One call of step_settle in
--- transitions.sql, which says what each outcome wrote; always one row.
+-- Settle a step leased to owner as settle says: it ends in its state with its effect (null
+-- keeps the present one), keeping the payloads given; the local steps passed are
+-- recorded, then the next step is due, or (with none) the run ends in run_state with
+-- outcome and failure. One call of step_settle in transitions.sql, which says what each
+-- outcome wrote; always one row.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
--- $4 state (text)
--- $5 effect (text, null)
--- $6 purposes (text[])
--- $7 key_versions (integer[])
--- $8 nonces (bytea[])
--- $9 ciphertexts (bytea[])
--- $10 passed_ids (text[])
--- $11 passed_types (text[])
--- $12 next_step (text, null)
--- $13 next_type (text, null)
--- $14 run_state (text, null)
--- $15 outcome (text, null)
--- $16 failure_kind (text, null)
--- $17 failure_path (text, null): a JSON pointer
+-- $4 settle (settle_args): how the step ends and where its run goes
 -- returns: row
 -- column outcome (text)
 -- column run_state (text, null)
 SELECT outcome, run_state
-  FROM {{ns}}.step_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                          $16, $17);
+  FROM {{ns}}.step_settle($1, $2, $3, $4::{{ns}}.settle_args);

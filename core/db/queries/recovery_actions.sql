@@ -112,32 +112,19 @@ SELECT step_id, purpose, key_version, nonce, ciphertext
  ORDER BY id;
 
 -- name: recovery_step_settle
--- Settle an operator's step in operator mode, with step_settle's arguments after its owner:
--- one call of step_operator_settle in transitions.sql, which says what each outcome wrote
--- (changed: the step is no longer the version read, nothing written); always one row.
+-- Settle an operator's step in operator mode, as settle says (what step_settle takes after
+-- its owner; the step's effect becomes exactly its effect): one call of
+-- step_operator_settle in transitions.sql, which says what each outcome wrote (changed: the
+-- step is no longer the version read, nothing written); always one row.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 row_version (text): the step's version as recovery_held_step read it
--- $4 state (text)
--- $5 effect (text, null)
--- $6 purposes (text[])
--- $7 key_versions (integer[])
--- $8 nonces (bytea[])
--- $9 ciphertexts (bytea[])
--- $10 passed_ids (text[])
--- $11 passed_types (text[])
--- $12 next_step (text, null)
--- $13 next_type (text, null)
--- $14 run_state (text, null)
--- $15 outcome (text, null)
--- $16 failure_kind (text, null)
--- $17 failure_path (text, null): a JSON pointer
+-- $4 settle (settle_args): how the step ends and where its run goes
 -- returns: row
 -- column outcome (text)
 -- column run_state (text, null)
 SELECT outcome, run_state
-  FROM {{ns}}.step_operator_settle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-                                   $14, $15, $16, $17);
+  FROM {{ns}}.step_operator_settle($1, $2, $3, $4::{{ns}}.settle_args);
 
 -- name: recovery_step_not_sent
 -- The product proved it never received an operator's step's command: one call of

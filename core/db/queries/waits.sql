@@ -38,33 +38,24 @@ SELECT outcome, run_state FROM {{ns}}.step_plan_check($1, $2, $3, $4, $5, $6, $7
 -- name: waits_record_read
 -- Record a read of a wait-for step leased to owner: with ends (a decision), or with
 -- may_time_out once its timeout has come, the wait ends and the step completes with the
--- payloads and the way on given (as dispatcher_step_settle takes them); otherwise the step
--- is due at its next check or its timeout and gives up its lease, and the run's attention
--- is set to attention (null: left). One call of step_record_read in transitions.sql, which
--- says what each outcome wrote; always one row, ended saying whether the wait ended.
+-- payloads and the way on settle gives (as dispatcher_step_settle takes them; the step
+-- completes whatever its state says); otherwise the step is due at its next check or its
+-- timeout and gives up its lease, and the run's attention is set to attention (null:
+-- left). One call of step_record_read in transitions.sql, which says what each outcome
+-- wrote; always one row, ended saying whether the wait ended.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
 -- $4 ends (boolean): the read brought a decision
 -- $5 may_time_out (boolean): the step has an onTimeout path
 -- $6 attention (boolean, null)
--- $7 purposes (text[])
--- $8 key_versions (integer[])
--- $9 nonces (bytea[])
--- $10 ciphertexts (bytea[])
--- $11 passed_ids (text[])
--- $12 passed_types (text[])
--- $13 next_step (text, null)
--- $14 next_type (text, null)
--- $15 run_state (text, null)
--- $16 outcome (text, null)
+-- $7 settle (settle_args): how the step completes when the wait ends
 -- returns: row
 -- column outcome (text)
 -- column run_state (text, null)
 -- column ended (boolean, null)
 SELECT outcome, run_state, ended
-  FROM {{ns}}.step_record_read($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                               $15, $16);
+  FROM {{ns}}.step_record_read($1, $2, $3, $4, $5, $6, $7::{{ns}}.settle_args);
 
 -- name: waits_wake
 -- A completion event for the result whose keyed digest is match: bring the next check
