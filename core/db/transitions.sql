@@ -790,6 +790,20 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_checked(
         END
     $$;
 
+-- The state of run p_run while it goes on: held while one of its steps is uncertain (an
+-- operator has to decide it first), running otherwise. The one place this rule is
+-- written; an operator's settle and retry-same both ask it.
+CREATE OR REPLACE FUNCTION {{ns}}.run_live_state(p_run text) RETURNS text
+    LANGUAGE sql STABLE SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        SELECT CASE
+                   WHEN EXISTS (SELECT 1 FROM {{ns}}.step x
+                                 WHERE x.run_id = p_run AND x.state = 'uncertain')
+                   THEN 'held' ELSE 'running'
+               END
+    $$;
+
 -- An operator settles step p_step of run p_run, read as version p_version: step_settle in
 -- operator mode, with the same p_settle. The step's effect becomes exactly
 -- p_settle.effect (null: none is known) and its cause is cleared, the operator holds the
@@ -805,13 +819,28 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
     AS $$
         DECLARE
             c record;
-            v_owner text := 'operator ' || txid_current();
         BEGIN
             SELECT * INTO c FROM {{ns}}.step_checked(p_run, p_step, p_version);
             IF c.verdict <> 'ours' THEN
                 outcome := c.verdict;
                 RETURN;
             END IF;
+            SELECT x.outcome, x.run_state INTO outcome, run_state
+              FROM {{ns}}.step_operator_end(p_run, p_step, p_settle) x;
+        END
+    $$;
+
+-- The writes of step_operator_settle once step_checked found the step as the operator read
+-- it (and locked it): step_operator_not_sent calls it too, after its own check.
+CREATE OR REPLACE FUNCTION {{ns}}.step_operator_end(
+    p_run text, p_step text, p_settle {{ns}}.settle_args,
+    OUT outcome text, OUT run_state text)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            v_owner text := 'operator ' || txid_current();
+        BEGIN
             UPDATE {{ns}}.step x
                SET effect = p_settle.effect, cause = NULL, cause_status = NULL,
                    lease_owner = v_owner,
@@ -822,9 +851,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_settle(
             -- the same one again otherwise)
             SELECT x.outcome, x.run_state INTO outcome, run_state
               FROM {{ns}}.step_settle(p_run, p_step, v_owner, p_settle) x;
-            IF run_state = 'running' AND EXISTS (
-                   SELECT 1 FROM {{ns}}.step x
-                    WHERE x.run_id = p_run AND x.state = 'uncertain') THEN
+            IF run_state = 'running' AND {{ns}}.run_live_state(p_run) = 'held' THEN
                 UPDATE {{ns}}.run u
                    SET state = 'held', updated_at = {{ns}}.now()
                  WHERE u.id = p_run;
@@ -855,8 +882,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_operator_not_sent(
                 RETURN;
             ELSIF c.abandoned OR c.run_ended THEN
                 v_end.state := 'cancelled';
-                SELECT * INTO outcome, run_state
-                  FROM {{ns}}.step_operator_settle(p_run, p_step, p_version, v_end);
+                SELECT x.outcome, x.run_state INTO outcome, run_state
+                  FROM {{ns}}.step_operator_end(p_run, p_step, v_end) x;
                 RETURN;
             END IF;
             UPDATE {{ns}}.step x
@@ -906,12 +933,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry_same(
              WHERE x.run_id = p_run AND x.step_id = p_step
             RETURNING x.attempts INTO attempts;
             UPDATE {{ns}}.run u
-               SET state = CASE
-                               WHEN EXISTS (SELECT 1 FROM {{ns}}.step x
-                                             WHERE x.run_id = u.id AND x.state = 'uncertain')
-                               THEN 'held' ELSE 'running'
-                           END,
-                   updated_at = {{ns}}.now()
+               SET state = {{ns}}.run_live_state(u.id), updated_at = {{ns}}.now()
              WHERE u.id = p_run;
             PERFORM {{ns}}.run_attention_recompute(p_run);
             outcome := 'written';

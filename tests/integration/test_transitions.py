@@ -876,6 +876,22 @@ async def test_a_claim_says_whether_a_cancel_abandoned_the_step(kit: DispatchKit
     assert claimed == {kept: False, dropped: True}
 
 
+# ---------------------------------------------------------------------- run_live_state
+
+
+async def test_a_run_goes_on_held_while_one_of_its_steps_is_uncertain(kit: DispatchKit) -> None:
+    run_id = await kit.start("notice-checked", {"applicantRef": "applicant-1"})
+
+    async def live_state() -> str:
+        return str(await kit.db.fetchval(f"SELECT {kit.ns}.run_live_state($1)", run_id))
+
+    assert await live_state() == "running"
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET state = 'uncertain', due_at = NULL WHERE run_id = $1", run_id
+    )
+    assert await live_state() == "held"
+
+
 # ------------------------------------------------------------------------ operator mode
 
 

@@ -72,6 +72,7 @@ BEGIN
                               {{ns}}.step_record_read
        TO {{dispatcher}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_checked, {{ns}}.step_operator_settle,
+                              {{ns}}.step_operator_end, {{ns}}.run_live_state,
                               {{ns}}.step_operator_not_sent, {{ns}}.step_retry_same,
                               {{ns}}.run_cancel,
                               {{ns}}.step_leased, {{ns}}.step_settle,
