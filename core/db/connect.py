@@ -50,9 +50,10 @@ _NEXT_HOST_ERRORS = (
     asyncpg.CannotConnectNowError,
     asyncpg.PostgresConnectionError,
 )
-"""Why one host of several is passed over for the next: it cannot be reached, accepts no
-writes, or is starting or stopping. A refused login or a certificate that does not verify
-ends the attempt, as in libpq: it would be refused the same way by every host."""
+"""Why one host of several is passed over for the next, as libpq passes it over: it cannot
+be reached, its TLS handshake fails (``ssl.SSLError`` is an ``OSError``), it accepts no
+writes, or it is starting or stopping. A refused login ends the attempt: every host would
+refuse it the same way."""
 
 
 def _refuse(label: str, reason: str) -> CoordinatorError:
@@ -278,10 +279,13 @@ async def _open(
     """A connection to the first of ``hosts`` that accepts writes (a pool passes a ``None``
     DSN first: every part is a keyword here).
 
-    When every host is passed over, the last host's failure is raised.
+    When every host is passed over, the first TLS failure is raised (a certificate that does
+    not verify is the operator's to mend, and must not hide behind a later host that is
+    merely down), else the last host's failure.
     """
     kwargs.pop("connection_class", None)  # (a pool names the class it expects: this one)
     last: BaseException | None = None
+    tls_failure: ssl.SSLError | None = None
     for where in hosts:
         try:
             conn = await asyncpg.connect(
@@ -294,6 +298,8 @@ async def _open(
         except _NEXT_HOST_ERRORS as exc:
             await asyncio.sleep(0)  # (see below)
             last = exc
+            if isinstance(exc, ssl.SSLError) and tls_failure is None:
+                tls_failure = exc
             continue
         except Exception:
             # A refused login closes the socket through a callback asyncpg has just scheduled;
@@ -302,6 +308,8 @@ async def _open(
             raise
         conn.serving = where
         return conn
+    if tls_failure is not None:
+        raise tls_failure
     assert last is not None  # a URL names at least one host
     raise last
 

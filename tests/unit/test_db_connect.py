@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
 import ssl
 from typing import Any
 
+import asyncpg
 import pytest
 
 from core.db.connect import (
+    DatabaseHost,
     client_ssl_context,
     connect,
     create_pool,
     parse_database_url,
     quote_ident,
     require_server_version,
+    serving_host,
 )
 from core.errors import CoordinatorError
 from devstack.postgres import make_password, postgres_url
 from devstack.postgres_tls import CertificateAuthority
+
+# (core.db re-exports the function connect under the module's own name)
+connect_module = importlib.import_module("core.db.connect")
 
 SECRET = "s3cr@t:/?#%&pw"
 ENCODED = "s3cr%40t%3A%2F%3F%23%25%26pw"
@@ -219,3 +226,62 @@ async def test_older_server_is_refused() -> None:
         await require_server_version(_FakeConnection(160004))
     assert caught.value.code == "deployment.refused"
     assert "17" in caught.value.detail
+
+
+class _Reached:
+    """Stands in for a connection: it only records where it was opened."""
+
+    serving: DatabaseHost
+
+
+def _network(answers: dict[str, BaseException | None]) -> Any:
+    async def fake_connect(*, host: str, **_: Any) -> _Reached:
+        failure = answers[host]
+        if failure is not None:
+            raise failure
+        return _Reached()
+
+    return fake_connect
+
+
+HOSTS = (DatabaseHost("db-a", 5432), DatabaseHost("db-b", 5432), DatabaseHost("db-c", 5432))
+
+
+async def test_hosts_are_tried_in_order_until_one_takes_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers: dict[str, BaseException | None] = {
+        "db-a": ConnectionRefusedError(),
+        "db-b": asyncpg.TargetServerAttributeNotMatched("read-only"),
+        "db-c": None,
+    }
+    monkeypatch.setattr(connect_module.asyncpg, "connect", _network(answers))
+    conn = await connect_module._open(hosts=HOSTS)
+    assert serving_host(conn) == HOSTS[2]
+
+
+async def test_a_certificate_failure_is_not_hidden_behind_a_host_that_is_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers: dict[str, BaseException | None] = {
+        "db-a": ssl.SSLCertVerificationError("certificate verify failed"),
+        "db-b": ConnectionRefusedError(),
+        "db-c": TimeoutError(),
+    }
+    monkeypatch.setattr(connect_module.asyncpg, "connect", _network(answers))
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await connect_module._open(hosts=HOSTS)
+    answers["db-a"] = ConnectionRefusedError()
+    with pytest.raises(TimeoutError):
+        await connect_module._open(hosts=HOSTS)
+
+
+async def test_a_refused_login_ends_the_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: dict[str, BaseException | None] = {
+        "db-a": asyncpg.InvalidPasswordError("password authentication failed"),
+        "db-b": None,
+        "db-c": None,
+    }
+    monkeypatch.setattr(connect_module.asyncpg, "connect", _network(answers))
+    with pytest.raises(asyncpg.InvalidPasswordError):
+        await connect_module._open(hosts=HOSTS)
