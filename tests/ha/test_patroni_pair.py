@@ -3,26 +3,37 @@
 Writes go through the coordinator's own connection code (core/db/connect.py) with a URL
 that names both servers, as a runtime URL does (CONTRACT §6.5): it must always find the
 one that accepts writes, before a failover and after it. A writer keeps inserting while
-the primary's Patroni and postmaster are killed with SIGKILL; every insert the server
-acknowledged must be on the new primary. The insert in flight at the kill is in doubt
-(committed or not), and is only counted.
+the primary's Patroni and postmaster are killed with SIGKILL, or while ``patronictl``
+switches the primary over; every insert the server acknowledged must be on the new
+primary. The insert in flight at a fault is in doubt (committed or not), and only counted.
+After the kill the old primary comes back, is rewound where it went further than the new
+one, and follows it; the writer never reaches it again. Each drill prints its figures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 import asyncpg
 import pytest
 
-from core.db.connect import connect, serving_host
-from tests.helpers.ha_cluster import HaCluster, ha_cluster
+from core.db.connect import client_ssl_context, connect, serving_host
+from tests.helpers.ha_cluster import (
+    GUARD_SECONDS,
+    SUPERUSER_PASSWORD,
+    HaCluster,
+    HaError,
+    Node,
+    ha_cluster,
+)
 
-WRITE_SECONDS_AFTER = 2.0
-"""How long the writer goes on once a new primary took its first write."""
+LOAD: Final = 300
+"""Writes acknowledged before a fault, and again after it, before a drill goes on."""
 
 
 @pytest.fixture
@@ -44,9 +55,9 @@ _BROKEN = (
 class Writer:
     """Inserts numbered rows one at a time, reconnecting whenever the database goes."""
 
-    url: str
-    root: bytes
+    cluster: HaCluster
     acknowledged: list[int] = field(default_factory=list)
+    acknowledged_at: list[float] = field(default_factory=list)
     in_doubt: list[int] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -58,7 +69,7 @@ class Writer:
         while not self.stop.is_set():
             if conn is None or conn.is_closed():
                 try:
-                    conn = await connect(self.url, self.root)
+                    conn = await connect(self.cluster.url(), self.cluster.ca.pem)
                 except _BROKEN as exc:
                     self.refusals.append(type(exc).__name__)
                     await asyncio.sleep(0.2)
@@ -74,26 +85,82 @@ class Writer:
                 conn = None
                 continue
             self.acknowledged.append(number)
+            self.acknowledged_at.append(time.monotonic())
         if conn is not None:
             await conn.close()
 
+    async def until(self, count: int) -> None:
+        """Wait until ``count`` writes were acknowledged in all (HaError past the bound)."""
+        await asyncio.to_thread(
+            self.cluster.wait_for,
+            f"{count} writes acknowledged",
+            lambda: len(self.acknowledged) >= count,
+        )
 
-async def test_a_killed_primary_is_replaced_and_keeps_every_acknowledged_write(
-    cluster: HaCluster,
-) -> None:
-    old = cluster.leader()
-    assert old is not None
+    def largest_gap(self) -> float:
+        """The longest time between two acknowledged writes, in seconds."""
+        times = self.acknowledged_at
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+async def _create_table(cluster: HaCluster) -> Node:
+    leader = cluster.leader()
+    assert leader is not None
     conn = await connect(cluster.url(), cluster.ca.pem)
     try:
-        assert str(serving_host(conn)) == f"{old.host.address}:5432"
+        assert str(serving_host(conn)) == f"{leader.host.address}:5432"
         await conn.execute("CREATE TABLE drill (id integer PRIMARY KEY)")
     finally:
         await conn.close()
+    return leader
 
-    writer = Writer(cluster.url(), cluster.ca.pem)
+
+async def _stored(cluster: HaCluster, node: Node) -> set[int]:
+    """The rows ``node`` holds (a standby's too: reading is enough to count)."""
+    conn = await asyncpg.connect(
+        host=node.host.address,
+        port=5432,
+        user="postgres",
+        password=SUPERUSER_PASSWORD,
+        database="postgres",
+        ssl=client_ssl_context(cluster.ca.pem),
+    )
+    try:
+        return {row["id"] for row in await conn.fetch("SELECT id FROM drill")}
+    finally:
+        await conn.close()
+
+
+async def _caught_up(cluster: HaCluster, node: Node, wanted: set[int]) -> None:
+    """Wait until ``node`` holds every row of ``wanted`` (HaError past the bound)."""
+    began = time.monotonic()
+    while not (await _stored(cluster, node)) >= wanted:
+        if time.monotonic() - began > GUARD_SECONDS:
+            raise HaError(f"{node.name} did not catch up\n{cluster.logs()}")
+        await asyncio.sleep(0.2)
+
+
+def _report(name: str, writer: Writer, stored: set[int], **figures: str) -> list[int]:
+    lost = [number for number in writer.acknowledged if number not in stored]
+    committed = sum(number in stored for number in writer.in_doubt)
+    shown = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in figures.items())
+    print(
+        f"\n{name}: {len(writer.acknowledged)} writes acknowledged, {len(lost)} lost, "
+        f"{len(writer.in_doubt)} in doubt ({committed} of them committed), "
+        f"{len(writer.refusals)} connection attempts refused, longest gap between "
+        f"acknowledged writes {writer.largest_gap():.1f} s; {shown}; hosts served: "
+        f"{writer.hosts}"
+    )
+    return lost
+
+
+async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_rejoins(
+    cluster: HaCluster,
+) -> None:
+    old = await _create_table(cluster)
+    writer = Writer(cluster)
     writing = asyncio.create_task(writer.run())
-    await asyncio.sleep(1.0)  # load before the kill (how much does not matter)
-    acknowledged_before = len(writer.acknowledged)
+    await writer.until(LOAD)
     killed_at = time.monotonic()
     await asyncio.to_thread(cluster.kill_node, old)
     promoted = await asyncio.to_thread(
@@ -101,34 +168,61 @@ async def test_a_killed_primary_is_replaced_and_keeps_every_acknowledged_write(
         "the standby promoted",
         lambda: (leader := cluster.leader()) is not None and leader is not old,
     )
-    first_write = len(writer.acknowledged)
-    await asyncio.to_thread(
-        cluster.wait_for,
-        "a write on the new primary",
-        lambda: len(writer.acknowledged) > first_write,
-    )
+    before = len(writer.acknowledged)
+    await writer.until(before + 1)
     back_after = time.monotonic() - killed_at
-    await asyncio.sleep(WRITE_SECONDS_AFTER)
+    await writer.until(before + LOAD)
+
+    # The old primary comes back (Patroni rewinds it where it went further than the new
+    # one) and follows the new primary; the writer, still writing, never reaches it.
+    restarted_at = time.monotonic()
+    await asyncio.to_thread(cluster.start_node, old)
+    await asyncio.to_thread(
+        cluster.wait_for, "the old primary following", lambda: cluster.healthy_pair()
+    )
+    rejoined = time.monotonic() - restarted_at
     writer.stop.set()
     await writing
 
     new = cluster.leader()
     assert new is not None and new is not old
-    conn = await connect(cluster.url(), cluster.ca.pem)
-    try:
-        assert str(serving_host(conn)) == f"{new.host.address}:5432"
-        stored = {row["id"] for row in await conn.fetch("SELECT id FROM drill")}
-    finally:
-        await conn.close()
-    lost = [number for number in writer.acknowledged if number not in stored]
-    print(
-        f"\nfailover drill: {len(writer.acknowledged)} writes acknowledged "
-        f"({acknowledged_before} before the kill), {len(lost)} lost, "
-        f"{len(writer.in_doubt)} in doubt ({sum(n in stored for n in writer.in_doubt)} "
-        f"of them committed); standby promoted {promoted:.1f} s after the kill, "
-        f"writes back after {back_after:.1f} s; hosts served: {writer.hosts}"
+    stored = await _stored(cluster, new)
+    lost = _report(
+        "kill -9 of the primary",
+        writer,
+        stored,
+        promoted_after=f"{promoted:.1f} s",
+        writes_back_after=f"{back_after:.1f} s",
+        old_primary_rejoined_after=f"{rejoined:.1f} s",
+        rewound="yes" if "pg_rewind" in old.log.read_text(errors="replace") else "no",
     )
-    assert acknowledged_before > 0
     assert lost == []
-    assert writer.hosts[0] == f"{old.host.address}:5432"
-    assert writer.hosts[-1] == f"{new.host.address}:5432"
+    old_address, new_address = f"{old.host.address}:5432", f"{new.host.address}:5432"
+    first_on_new = writer.hosts.index(new_address)
+    assert writer.hosts[0] == old_address
+    assert old_address not in writer.hosts[first_on_new:]
+    # The rejoined server holds what the new primary acknowledged (it is its standby now).
+    await _caught_up(cluster, old, set(writer.acknowledged))
+
+
+async def test_a_planned_switchover_loses_nothing(cluster: HaCluster) -> None:
+    old = await _create_table(cluster)
+    candidate = next(node for node in cluster.nodes if node is not old)
+    writer = Writer(cluster)
+    writing = asyncio.create_task(writer.run())
+    await writer.until(LOAD)
+    began = time.monotonic()
+    await asyncio.to_thread(cluster.switchover, old, candidate)
+    await asyncio.to_thread(
+        cluster.wait_for, "the candidate leading", lambda: cluster.leader() is candidate
+    )
+    before = len(writer.acknowledged)
+    await writer.until(before + LOAD)
+    took = time.monotonic() - began
+    writer.stop.set()
+    await writing
+
+    stored = await _stored(cluster, candidate)
+    lost = _report("planned switchover", writer, stored, switchover_and_load_after=f"{took:.1f} s")
+    assert lost == []
+    assert writer.hosts[-1] == f"{candidate.host.address}:5432"

@@ -209,6 +209,25 @@ class HaCluster:
         # The server's own children die with the postmaster gone; none may write on.
         self.wait_for(f"{node.name}'s server gone", lambda: not _running(postmaster))
 
+    def switchover(self, leader: Node, candidate: Node) -> None:
+        """A planned switchover with ``patronictl``, run on the leader's host."""
+        subprocess.run(
+            leader.host.command(
+                str(self.tools.patronictl),
+                "-c",
+                str(leader.config),
+                "switchover",
+                "--leader",
+                leader.name,
+                "--candidate",
+                candidate.name,
+                "--force",
+            ),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
     def start_node(self, node: Node) -> None:
         with node.log.open("ab") as log:
             node.process = subprocess.Popen(
@@ -406,6 +425,7 @@ def ha_cluster(*, synchronous: bool = True) -> Iterator[HaCluster]:
             for process in cluster.processes:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
             for node in cluster.nodes:
                 pid = node.postmaster_pid()
                 if _running(pid):
