@@ -103,17 +103,27 @@ def scram_verifier(password: str, iterations: int = 4096) -> str:
 
 
 def postgres_url(
-    user: str, password: str, host: str, port: int, database: str, sslmode: str = "verify-full"
+    user: str,
+    password: str,
+    host: str,
+    port: int,
+    database: str,
+    sslmode: str = "verify-full",
+    *,
+    more_hosts: tuple[tuple[str, int], ...] = (),
 ) -> str:
-    """A ``postgresql://`` URL with every part percent-encoded."""
+    """A ``postgresql://`` URL with every part percent-encoded; with ``more_hosts``, the
+    servers to try after the first (libpq's form, with ``target_session_attrs=read-write``)."""
 
     def q(text: str) -> str:
         return urllib.parse.quote(text, safe="")
 
-    shown_host = f"[{host}]" if ":" in host else host
-    return (
-        f"postgresql://{q(user)}:{q(password)}@{shown_host}:{port}/{q(database)}?sslmode={sslmode}"
-    )
+    def shown(host: str, port: int) -> str:
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    hosts = ",".join(shown(h, p) for h, p in ((host, port), *more_hosts))
+    query = f"sslmode={sslmode}" + ("&target_session_attrs=read-write" if more_hosts else "")
+    return f"postgresql://{q(user)}:{q(password)}@{hosts}/{q(database)}?{query}"
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -161,17 +171,29 @@ class DatabaseHandle:
     runtime_role: str
     migration_password: str = field(repr=False)
     runtime_password: str = field(repr=False)
+    more_hosts: tuple[tuple[str, int], ...] = ()
+    """Servers to try after ``host`` (a standby a failover may promote), in order."""
 
     @property
     def migration_url(self) -> str:
         return postgres_url(
-            self.migration_role, self.migration_password, self.host, self.port, self.database
+            self.migration_role,
+            self.migration_password,
+            self.host,
+            self.port,
+            self.database,
+            more_hosts=self.more_hosts,
         )
 
     @property
     def runtime_url(self) -> str:
         return postgres_url(
-            self.runtime_role, self.runtime_password, self.host, self.port, self.database
+            self.runtime_role,
+            self.runtime_password,
+            self.host,
+            self.port,
+            self.database,
+            more_hosts=self.more_hosts,
         )
 
     def write_secret_files(self, secret_dir: Path, prefix: str = "") -> SecretFiles:
