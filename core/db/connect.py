@@ -16,17 +16,25 @@ whether the URL says so or not, so a read-only server (a standby, or one with
 ``default_transaction_read_only``) is never written to; with a single host that is read-only
 the database counts as unreachable until it accepts writes. Each connection records which
 host it reached (:func:`serving_host`), so a store can tell that a failover moved it.
+
+A server can also vanish without a word: a machine lost, or cut off from the network, sends
+no reset, and a statement waiting for its answer would wait for the kernel's retransmissions
+(a quarter of an hour). Every connection therefore gives up on a peer that acknowledges
+nothing for :data:`PEER_SILENCE_SECONDS` (TCP_USER_TIMEOUT) and probes one that is idle
+(TCP keepalive), so the caller sees the database as away and reconnects, to the promoted
+standby when there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -44,6 +52,13 @@ _KNOWN_PARAMETERS = frozenset(
 _WRITABLE_SESSIONS = ("read-write", "primary")
 """``target_session_attrs`` values a URL may give; either way, only a host that accepts
 writes is used."""
+PEER_SILENCE_SECONDS: Final = 15
+"""How long a connection waits for a server to acknowledge anything it sent, or to answer
+keepalive probes on an idle connection, before it counts as broken."""
+_KEEPALIVE_IDLE_SECONDS: Final = 5
+_KEEPALIVE_INTERVAL_SECONDS: Final = 2
+_KEEPALIVE_PROBES: Final = 5
+
 _NEXT_HOST_ERRORS = (
     OSError,
     asyncpg.TargetServerAttributeNotMatched,
@@ -307,11 +322,37 @@ async def _open(
             await asyncio.sleep(0)
             raise
         conn.serving = where
+        _watch_peer(conn)
         return conn
     if tls_failure is not None:
         raise tls_failure
     assert last is not None  # a URL names at least one host
     raise last
+
+
+def _watch_peer(conn: asyncpg.Connection) -> None:
+    """Give up on a silent server (see the module's docstring); Linux's socket options,
+    set where the platform has them."""
+    # asyncpg keeps its transport private; the socket is the asyncio transport's to show.
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), _KEEPALIVE_IDLE_SECONDS),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), _KEEPALIVE_INTERVAL_SECONDS),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), _KEEPALIVE_PROBES),
+        (
+            socket.IPPROTO_TCP,
+            getattr(socket, "TCP_USER_TIMEOUT", None),
+            PEER_SILENCE_SECONDS * 1000,
+        ),
+    ]
+    for level, option, value in options:
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
 
 
 def quote_ident(name: str) -> str:

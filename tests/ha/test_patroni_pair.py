@@ -226,3 +226,49 @@ async def test_a_planned_switchover_loses_nothing(cluster: HaCluster) -> None:
     lost = _report("planned switchover", writer, stored, switchover_and_load_after=f"{took:.1f} s")
     assert lost == []
     assert writer.hosts[-1] == f"{candidate.host.address}:5432"
+
+
+async def test_a_primary_cut_off_is_left_behind_and_rejoins(cluster: HaCluster) -> None:
+    """The primary's machine drops off the network: no reset reaches the writer, whose
+    insert in flight would hang for the kernel's retransmissions were it not for the
+    connections' silence limit (core.db.connect.PEER_SILENCE_SECONDS). Patroni on the cut
+    machine demotes it once it cannot renew its leader key; the standby is promoted."""
+    old = await _create_table(cluster)
+    writer = Writer(cluster)
+    writing = asyncio.create_task(writer.run())
+    await writer.until(LOAD)
+    cut_at = time.monotonic()
+    old.host.cut()
+    try:
+        promoted = await asyncio.to_thread(
+            cluster.wait_for,
+            "the standby promoted",
+            lambda: (leader := cluster.leader()) is not None and leader is not old,
+        )
+        before = len(writer.acknowledged)
+        await writer.until(before + 1)
+        back_after = time.monotonic() - cut_at
+        await writer.until(before + LOAD)
+    finally:
+        old.host.mend()
+    mended_at = time.monotonic()
+    await asyncio.to_thread(cluster.wait_for, "the cut primary following", cluster.healthy_pair)
+    rejoined = time.monotonic() - mended_at
+    writer.stop.set()
+    await writing
+
+    new = cluster.leader()
+    assert new is not None and new is not old
+    stored = await _stored(cluster, new)
+    lost = _report(
+        "primary cut off",
+        writer,
+        stored,
+        promoted_after=f"{promoted:.1f} s",
+        writes_back_after=f"{back_after:.1f} s",
+        rejoined_after_the_link_returned=f"{rejoined:.1f} s",
+    )
+    assert lost == []
+    old_address, new_address = f"{old.host.address}:5432", f"{new.host.address}:5432"
+    assert old_address not in writer.hosts[writer.hosts.index(new_address) :]
+    await _caught_up(cluster, old, set(writer.acknowledged))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from core.codes import Code
+from core.db.connect import PEER_SILENCE_SECONDS
 from core.errors import CoordinatorError
 from core.runtime import Store
 from devstack.postgres import DatabaseHandle, postgres_url
@@ -165,3 +167,16 @@ async def test_a_read_only_server_is_never_used(kit: DispatchKit) -> None:
     finally:
         await kit.db.execute(f"ALTER DATABASE {name} RESET default_transaction_read_only")
     assert await _served_host(store) == f"localhost:{database.port}"
+
+
+async def test_every_connection_gives_up_on_a_server_that_goes_silent(kit: DispatchKit) -> None:
+    database = kit.deployment.database
+    _use_url(kit, f"localhost:{database.port}")
+    store = await _store(kit)
+    async with store.connection() as conn:
+        # (the asyncio transport's socket; asyncpg keeps the transport private)
+        sock = conn._transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        silence = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert silence == PEER_SILENCE_SECONDS * 1000
+        assert 0 < sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) < PEER_SILENCE_SECONDS
