@@ -154,6 +154,27 @@ def _report(name: str, writer: Writer, stored: set[int], **figures: str) -> list
     return lost
 
 
+async def _failed_over(cluster: HaCluster, writer: Writer, old: Node, since: float) -> str:
+    """Wait until another node leads and the writer wrote on it, then :data:`LOAD` more;
+    answers the figures: the promotion's and the first write's time after ``since``."""
+    promoted = await asyncio.to_thread(
+        cluster.wait_for,
+        "the standby promoted",
+        lambda: (leader := cluster.leader()) is not None and leader is not old,
+    )
+    before = len(writer.acknowledged)
+    await writer.until(before + 1)
+    back_after = time.monotonic() - since
+    await writer.until(before + LOAD)
+    return f"promoted after {promoted:.1f} s, writes back after {back_after:.1f} s"
+
+
+def _never_back_to(writer: Writer, old: Node, new: Node) -> None:
+    """Once the writer reached ``new``, it never wrote on ``old`` again."""
+    old_address, new_address = f"{old.host.address}:5432", f"{new.host.address}:5432"
+    assert old_address not in writer.hosts[writer.hosts.index(new_address) :]
+
+
 async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_rejoins(
     cluster: HaCluster,
 ) -> None:
@@ -163,15 +184,7 @@ async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_r
     await writer.until(LOAD)
     killed_at = time.monotonic()
     await asyncio.to_thread(cluster.kill_node, old)
-    promoted = await asyncio.to_thread(
-        cluster.wait_for,
-        "the standby promoted",
-        lambda: (leader := cluster.leader()) is not None and leader is not old,
-    )
-    before = len(writer.acknowledged)
-    await writer.until(before + 1)
-    back_after = time.monotonic() - killed_at
-    await writer.until(before + LOAD)
+    failover = await _failed_over(cluster, writer, old, killed_at)
 
     # The old primary comes back (Patroni rewinds it where it went further than the new
     # one) and follows the new primary; the writer, still writing, never reaches it.
@@ -191,16 +204,13 @@ async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_r
         "kill -9 of the primary",
         writer,
         stored,
-        promoted_after=f"{promoted:.1f} s",
-        writes_back_after=f"{back_after:.1f} s",
+        failover=failover,
         old_primary_rejoined_after=f"{rejoined:.1f} s",
         rewound="yes" if "pg_rewind" in old.log.read_text(errors="replace") else "no",
     )
     assert lost == []
-    old_address, new_address = f"{old.host.address}:5432", f"{new.host.address}:5432"
-    first_on_new = writer.hosts.index(new_address)
-    assert writer.hosts[0] == old_address
-    assert old_address not in writer.hosts[first_on_new:]
+    assert writer.hosts[0] == f"{old.host.address}:5432"
+    _never_back_to(writer, old, new)
     # The rejoined server holds what the new primary acknowledged (it is its standby now).
     await _caught_up(cluster, old, set(writer.acknowledged))
 
@@ -240,15 +250,7 @@ async def test_a_primary_cut_off_is_left_behind_and_rejoins(cluster: HaCluster) 
     cut_at = time.monotonic()
     old.host.cut()
     try:
-        promoted = await asyncio.to_thread(
-            cluster.wait_for,
-            "the standby promoted",
-            lambda: (leader := cluster.leader()) is not None and leader is not old,
-        )
-        before = len(writer.acknowledged)
-        await writer.until(before + 1)
-        back_after = time.monotonic() - cut_at
-        await writer.until(before + LOAD)
+        failover = await _failed_over(cluster, writer, old, cut_at)
     finally:
         old.host.mend()
     mended_at = time.monotonic()
@@ -264,11 +266,9 @@ async def test_a_primary_cut_off_is_left_behind_and_rejoins(cluster: HaCluster) 
         "primary cut off",
         writer,
         stored,
-        promoted_after=f"{promoted:.1f} s",
-        writes_back_after=f"{back_after:.1f} s",
+        failover=failover,
         rejoined_after_the_link_returned=f"{rejoined:.1f} s",
     )
     assert lost == []
-    old_address, new_address = f"{old.host.address}:5432", f"{new.host.address}:5432"
-    assert old_address not in writer.hosts[writer.hosts.index(new_address) :]
+    _never_back_to(writer, old, new)
     await _caught_up(cluster, old, set(writer.acknowledged))
