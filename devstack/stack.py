@@ -134,6 +134,9 @@ class LocalStack:
     logs: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _log_handles: list[IO[bytes]] = field(default_factory=list)
+    api_url: str | None = None
+    """Where the test process reaches the API when the listener is not the audience's
+    address (the coordinator on a host of its own); the audience otherwise."""
 
     # ------------------------------------------------------------------ construction
 
@@ -258,9 +261,12 @@ class LocalStack:
         name: str = "coordinator",
         env: Mapping[str, str] | None = None,
         wait_ready: bool = True,
+        prefix: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
-        """Start ``coordinator --runtime-config …`` and wait for /ready."""
+        """Start ``coordinator --runtime-config …`` (after ``prefix``, such as the command
+        that enters a network namespace) and wait for /ready."""
         command = [
+            *prefix,
             str(Path(sys.executable).with_name("coordinator")),
             "--runtime-config",
             str(self.runtime_file),
@@ -274,8 +280,8 @@ class LocalStack:
 
     @property
     def url(self) -> str:
-        """The coordinator's base URL."""
-        return str(self.summary["audience"])
+        """The coordinator's base URL, as the test process reaches it."""
+        return self.api_url or str(self.summary["audience"])
 
     @property
     def metrics_url(self) -> str:
@@ -286,7 +292,10 @@ class LocalStack:
         """Write an access token for the producer or operator client into ``out`` (0600)."""
         client = self.summary["producerClientId" if role == "producer" else "operatorClientId"]
         token = IssuerState.open(self.issuer_state).mint(
-            client_id=client, subject=subject, audience=self.url, lifetime_seconds=43200
+            client_id=client,
+            subject=subject,
+            audience=str(self.summary["audience"]),
+            lifetime_seconds=43200,
         )
         write_token_file(out, token)
         return out

@@ -155,6 +155,8 @@ class FaultStack:
     token_files: dict[str, Path]
     """The producer's and the operator's token files, by role."""
     audit_key: bytes
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """More environment for every coordinator process (a trust file, say)."""
     _names: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _keys: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _pinned: datetime | None = None
@@ -163,21 +165,24 @@ class FaultStack:
 
     def env(self, crash_at: str | None = None) -> dict[str, str]:
         """The environment of coordinator processes: the test clock and a crash point."""
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(self.extra_env)
         if self.clock_file is not None:
             env[clock.ENV_VAR] = str(self.clock_file)
         if crash_at is not None:
             env[CRASH_AT_ENV] = crash_at
         return env
 
-    def start(self, *, crash_at: str | None = None) -> subprocess.Popen[bytes]:
-        """Start the all-in-one coordinator (a fresh log per start) and wait for /ready."""
+    def start(
+        self, *, crash_at: str | None = None, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """Start the all-in-one coordinator (a fresh log per start) and wait for /ready;
+        ``prefix`` runs it elsewhere (inside a network namespace, say)."""
         return self.local.start_coordinator(
-            name=f"coordinator-{next(self._names)}", env=self.env(crash_at)
+            name=f"coordinator-{next(self._names)}", env=self.env(crash_at), prefix=prefix
         )
 
     def start_component(
-        self, component: str, *, wait_ready: bool = False
+        self, component: str, *, wait_ready: bool = False, prefix: Sequence[str] = ()
     ) -> subprocess.Popen[bytes]:
         """Start ``coordinator --component NAME`` as its own process."""
         return self.local.start_coordinator(
@@ -186,6 +191,7 @@ class FaultStack:
             name=f"coordinator-{component}-{next(self._names)}",
             env=self.env(),
             wait_ready=wait_ready,
+            prefix=prefix,
         )
 
     def name_of(self, process: subprocess.Popen[bytes]) -> str:
@@ -396,14 +402,21 @@ def _short_workdir() -> Path:
 
 
 @contextlib.contextmanager
-def fault_stack(database: DatabaseHandle, *, test_clock: bool = True) -> Iterator[FaultStack]:
-    """A deployed local stack with its issuer and stand-in running; stopped on exit."""
+def fault_stack(
+    database: DatabaseHandle,
+    *,
+    test_clock: bool = True,
+    products: Callable[[LocalStack], None] = LocalStack.start_products,
+) -> Iterator[FaultStack]:
+    """A deployed local stack with its issuer and stand-in running; stopped on exit.
+    ``products`` starts them (and may first move them, rewriting the deployment)."""
     with deployed_stack(
         database,
         FaultStack,
         lambda build: [build_call_package(build)],
         "fault",
         test_clock=test_clock,
+        products=products,
     ) as stack:
         yield stack
 
@@ -416,16 +429,18 @@ def deployed_stack(
     token_prefix: str,
     *,
     test_clock: bool,
+    products: Callable[[LocalStack], None] = LocalStack.start_products,
 ) -> Iterator[S]:
     """A local stack of the ``packages`` built under a folder, deployed, its issuer and
     stand-ins running, a producer and an operator token minted, as a ``kind``; the clock
-    pinned to now when ``test_clock``. Stopped and removed on exit."""
+    pinned to now when ``test_clock``; ``products`` starts the issuer and the stand-ins.
+    Stopped and removed on exit."""
     workdir = _short_workdir()
     local: LocalStack | None = None
     try:
         built = packages(workdir / "build")
         local = LocalStack.prepare(workdir / "stack", packages=built, database=database)
-        local.start_products()
+        products(local)
         asyncio.run(apply(check_runtime_file(local.runtime_file), []))
         tokens = workdir / "tokens"
         tokens.mkdir(mode=0o700)

@@ -42,6 +42,9 @@ WATCHER: Final = f"{SUBNET}.1"
 ETCD_ADDRESS: Final = f"{SUBNET}.2"
 SUPERUSER_PASSWORD: Final = "ha-superuser-secret"
 REPLICATION_PASSWORD: Final = "ha-replication-secret"
+ASYNC_MAXIMUM_LAG: Final = 1_048_576
+"""``maximum_lag_on_failover`` without synchronous replication (Patroni's default): a
+standby further behind than this, as last recorded, is never promoted."""
 GUARD_SECONDS: Final = 90.0
 """A bound on every wait for the cluster; it decides nothing."""
 
@@ -131,7 +134,17 @@ class HaCluster:
     etcd: Host
     nodes: list[Node]
     synchronous: bool
+    hosts: list[Host]
+    """Every host on the bridge (torn down on exit), the servers' and etcd's included."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def add_host(self, name: str, last_octet: int) -> Host:
+        """One more host on the bridge, at ``10.77.0.<last_octet>``, for the coordinator's
+        components or the product stand-ins."""
+        host = Host(name, f"{SUBNET}.{last_octet}")
+        self.hosts.append(host)
+        host.up()
+        return host
 
     # -- asking Patroni -----------------------------------------------------------------
 
@@ -179,6 +192,14 @@ class HaCluster:
         return sorted(
             role for role, state in roles.values() if state in ("running", "streaming")
         ) == sorted(["leader", wanted])
+
+    def standby_promotable(self) -> bool:
+        """Every replica's lag, as Patroni last recorded it, is known and below
+        :data:`ASYNC_MAXIMUM_LAG`: a failover may promote it now. (A drill waits for this
+        before its fault: right after the deployment is applied, the standby may still be
+        replaying it.)"""
+        lags = [m.get("lag") for m in self.members() if m["role"] != "leader"]
+        return bool(lags) and all(isinstance(lag, int) and lag < ASYNC_MAXIMUM_LAG for lag in lags)
 
     def url(self, node: Node | None = None, *, database: str = "postgres") -> str:
         """A superuser URL for one node, or for both in order (libpq's form)."""
@@ -286,7 +307,7 @@ def _node_config(
                 "ttl": 20,
                 "loop_wait": 2,
                 "retry_timeout": 5,
-                "maximum_lag_on_failover": 0 if synchronous else 1048576,
+                "maximum_lag_on_failover": 0 if synchronous else ASYNC_MAXIMUM_LAG,
                 "synchronous_mode": synchronous,
                 "postgresql": {
                     "use_pg_rewind": True,
@@ -353,6 +374,9 @@ def ha_cluster(*, synchronous: bool = True) -> Iterator[HaCluster]:
     etcd = Host("etcd", ETCD_ADDRESS)
     hosts = [etcd, Host("db1", f"{SUBNET}.11"), Host("db2", f"{SUBNET}.12")]
     _tear_down_network(hosts)  # what a killed earlier run left
+    with contextlib.suppress(OSError):
+        for stale in Path("/run/netns").glob("rcha-*"):
+            subprocess.run(["ip", "netns", "del", stale.name], capture_output=True, check=False)
     folder = Path(tempfile.mkdtemp(prefix="rcha-", dir="/dev/shm"))
     folder.chmod(0o755)
     cluster: HaCluster | None = None
@@ -367,7 +391,7 @@ def ha_cluster(*, synchronous: bool = True) -> Iterator[HaCluster]:
         _run("ip", "-n", SWITCH, "link", "set", "p-watch", "master", "br0", "up")
         _run("ip", "addr", "add", f"{WATCHER}/24", "dev", "rcha-watch")
         _run("ip", "link", "set", "rcha-watch", "up")
-        for host in hosts:
+        for host in list(hosts):
             host.up()
 
         ca = CertificateAuthority.create("rcha test CA")
@@ -387,7 +411,7 @@ def ha_cluster(*, synchronous: bool = True) -> Iterator[HaCluster]:
                     log=folder / f"{host.name}.log",
                 )
             )
-        cluster = HaCluster(tools, folder, ca, user, etcd, nodes, synchronous)
+        cluster = HaCluster(tools, folder, ca, user, etcd, nodes, synchronous, hosts)
         for node in nodes:
             node.data_dir.parent.mkdir()
             node.config.write_text(yaml.safe_dump(_node_config(folder, node, tools, synchronous)))
