@@ -25,6 +25,7 @@ from typing import Final
 
 from devstack import debian
 from devstack.pg_complete import CompleteBuildError, ensure_complete_build
+from devstack.pinned_pip import pinned_pip
 
 CHECKOUT: Final = Path(__file__).resolve().parents[1]
 CACHE: Final = CHECKOUT / ".cache" / "ha"
@@ -60,29 +61,11 @@ def _patroni_venv() -> None:
     if not SYSTEM_PYTHON.is_file():
         raise HaHostError(f"the failover tier needs {SYSTEM_PYTHON} (Debian's python3)")
     subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--clear", str(PATRONI_VENV)], check=True)
-    found = subprocess.run(
-        [
-            str(PATRONI_VENV / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--require-hashes",
-            "--no-deps",
-            # python-etcd and ydiff exist as source archives alone (pure Python): they are
-            # built with the environment's own setuptools, so nothing is fetched that the
-            # lock does not pin by hash.
-            "--no-build-isolation",
-            "-r",
-            str(LOCK),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if found.returncode != 0:
-        raise HaHostError(f"pip could not install Patroni:\n{found.stderr[-3000:]}")
+    # python-etcd and ydiff exist as source archives alone (pure Python): they are built with
+    # the environment's own setuptools, so nothing is fetched that the lock does not pin.
+    failed = pinned_pip(PATRONI_VENV / "bin" / "python", "install", LOCK, "--no-build-isolation")
+    if failed is not None:
+        raise HaHostError(f"pip could not install Patroni:\n{failed}")
     # Readable and runnable by the server's unprivileged user, like the build.
     for path in [CACHE, *CACHE.rglob("*")]:
         if not path.is_symlink():

