@@ -2,9 +2,12 @@
 
 Every route but ``/ready``, ``/v1/review-completions`` and ``/v1/events`` first verifies the
 bearer token (401 without a usable one, 503 when the verifier holds no keys). From then on
-the request is an audited action (:mod:`gateway.auditing`): validation, the policy check
-(:mod:`gateway.policies`), ownership of the run, and the component's answer all end in one
-audit record before the answer leaves.
+the request is an audited action (:mod:`gateway.auditing`): the policy check
+(:mod:`gateway.policies`) and ownership of the run, then validation of the body and the
+parameters, then the component's answer, all end in one audit record before the answer
+leaves. The policy comes before the body, so a caller who may not act learns nothing about
+what the body should have been. ``HEAD`` is answered only on ``/ready``: on the other
+``GET`` routes it would act (and be audited) for an answer nobody reads, so it is 405.
 """
 
 from __future__ import annotations
@@ -216,10 +219,12 @@ def _run_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
         token = await authenticate(ctx, request)
         run_id = request.path_params["runId"]
         async with audited(ctx.backend, token, action.name) as note:
+            # The policy and the run's owner first: a caller who may not act on the run
+            # learns nothing about what its body should have been (403/404, never 400/413).
+            await _authorize_run(ctx, token, action.name, run_id, note)
             reason = check(await bodies.read_json_object(request)).reference
             assert reason is not None  # a run action's body is its reason
             note.reason = reason
-            await _authorize_run(ctx, token, action.name, run_id, note)
             document = await ctx.backend.run_action(
                 backend_caller(ctx, token), run_id, action.name, reason
             )
@@ -262,10 +267,20 @@ def _operator_action(action: Action) -> Callable[[Request], Awaitable[Response]]
     return handler
 
 
+def _acting(path: str, endpoint: Callable[[Request], Awaitable[Response]], method: str) -> Route:
+    """A route that acts for a caller (audited). Starlette answers ``HEAD`` on every ``GET``
+    route by running the ``GET`` handler; here that would read state and write an audit
+    record for a request whose answer nobody sees, so ``HEAD`` is left out (405)."""
+    route = Route(path, endpoint, methods=[method])
+    assert route.methods is not None
+    route.methods.discard("HEAD")
+    return route
+
+
 def _route(name: str, endpoint: Callable[[Request], Awaitable[Response]]) -> Route:
     """The route of action ``name``, at its path and method in :data:`ACTIONS`."""
     action = ACTIONS[name]
-    return Route(action.route, endpoint, methods=[action.method])
+    return _acting(action.route, endpoint, action.method)
 
 
 def main_routes() -> list[Route]:
@@ -273,18 +288,18 @@ def main_routes() -> list[Route]:
     routes = [
         Route("/ready", ready, methods=["GET"]),
         _route("start", start),
-        Route("/v1/runs", list_runs, methods=["GET"]),
+        _acting("/v1/runs", list_runs, "GET"),
         _route("status", status),
         _route("inspect", inspection),
     ]
     # The operator's actions with a body (core/actions.py): a run's, then the deployment's.
     routes += [
-        Route(action.route, _run_action(action), methods=[action.method])
+        _acting(action.route, _run_action(action), action.method)
         for action in operator_actions(RUN)
     ]
     routes.append(_route("doctor", doctor))
     routes += [
-        Route(action.route, _operator_action(action), methods=[action.method])
+        _acting(action.route, _operator_action(action), action.method)
         for action in operator_actions(DEPLOYMENT)
     ]
     routes += [

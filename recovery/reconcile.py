@@ -101,7 +101,7 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         step = await read_held_step(conn, env, run_id, UNCERTAIN)
         if step is None:
             raise CoordinatorError(Code.RECONCILE_REFUSED, "the run has no uncertain call")
-        call = await held_call(conn, env, run, step)
+        call = await held_call(conn, env, run, step, Code.RECONCILE_REFUSED)
         binding_row = await queries.recovery_binding_read(
             conn, run_id=run_id, connection=call.definition.connection
         )
@@ -113,8 +113,9 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
             "retry the same command or cancel the run",
         )
     if binding_row is None:
+        # The stored run disagrees with itself; asking again later would not change that.
         raise CoordinatorError(
-            Code.SERVICE_UNAVAILABLE,
+            Code.RECONCILE_REFUSED,
             f"the run has no binding for connection '{call.definition.connection}'",
         )
 

@@ -136,7 +136,7 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
             raise _refused("no held call to resend")
         if step.abandoned:
             raise _abandoned()
-        call = await held_call(conn, env, run, step)
+        call = await held_call(conn, env, run, step, Code.RETRY_REFUSED)
     # Without a recorded first attempt (a step a restore-hold found leased but not prepared)
     # the step's start is the earliest the command can have gone out: counting from there
     # errs on the side of refusing.

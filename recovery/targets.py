@@ -152,9 +152,10 @@ async def read_held_step(
 
 
 async def held_call(
-    conn: asyncpg.Connection, env: RecoveryEnv, run: ActionRun, step: HeldStep
+    conn: asyncpg.Connection, env: RecoveryEnv, run: ActionRun, step: HeldStep, refusal: Code
 ) -> HeldCall:
-    """The definition and operation of ``step`` from the package the run was admitted under."""
+    """The definition and operation of ``step`` from the package the run was admitted under;
+    ``refusal`` (the action's own 409 code) when the stored rows disagree with it."""
     workflow = await env.workflows.get(conn, env.store.queries, run.package_digest)
     definition = workflow.steps.get(step.step_id)
     if isinstance(definition, CallStep):
@@ -163,10 +164,9 @@ async def held_call(
         if kind is not None and op is not None:
             return HeldCall(step, definition, kind, op, workflow)
     # Only call steps hold a command; anything else means the stored rows disagree with
-    # the stored definition, which no operator action can mend.
-    raise CoordinatorError(
-        Code.SERVICE_UNAVAILABLE, f"step {step.step_id} is not a call of the run's workflow"
-    )
+    # the stored definition, which no operator action can mend and no retry later will
+    # either: a refusal of the action, not a 503.
+    raise CoordinatorError(refusal, f"step {step.step_id} is not a call of the run's workflow")
 
 
 async def resolve_snapshot(

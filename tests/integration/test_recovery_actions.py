@@ -529,6 +529,29 @@ async def test_actions_refuse_a_missing_run_a_changed_binding_and_bad_requests(
     assert receipt_reads(kit) == []
 
 
+async def test_stored_rows_that_disagree_are_a_refusal_of_the_action_not_a_503(kit: Kit) -> None:
+    # Asking again later cannot mend a run whose rows contradict each other, so the answer
+    # is the action's own 409, never "service unavailable, retry later".
+    run_id = await kit.start("notice")
+    await kit.force_uncertain(run_id, "send")
+    await kit.db.execute(f"DELETE FROM {kit.ns}.binding WHERE run_id = $1", run_id)
+    error = await refused("reconcile.refused", act(kit, run_id, "reconcile"))
+    assert "no binding for connection 'notices'" in error.detail
+
+    # An uncertain step that is not a call of the run's workflow (its finish step, here).
+    other = await kit.start("notice")
+    await kit.force_uncertain(other, "send")
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET step_id = 'sent' WHERE run_id = $1 AND step_id = 'send'",
+        other,
+    )
+    for action, code in (("reconcile", "reconcile.refused"), ("retry-same", "retry.refused")):
+        error = await refused(code, act(kit, other, action))
+        assert "step sent is not a call of the run's workflow" in error.detail
+    assert await kit.actions(run_id) == [] and await kit.actions(other) == []
+    assert receipt_reads(kit) == []
+
+
 async def test_an_erased_run_cannot_be_reconciled_retried_or_cancelled(kit: Kit) -> None:
     run_id = await kit.held(processed=True)
     await kit.db.execute(

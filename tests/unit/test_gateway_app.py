@@ -514,9 +514,39 @@ async def test_run_action_on_another_principals_run_is_404(
 ) -> None:
     response = await client.post(f"/v1/runs/{RUN_B}/cancel", json={"reason": "x"}, headers=ALICE)
     problem(response, 404, "run.not-found")
+    # Refused before the body was read: its reason is not the audit record's.
     assert backend.audits == [
-        AuditRecord("cancel", "not-found", (ISSUER, "alice"), "intake-portal", RUN_B, "x")
+        AuditRecord("cancel", "not-found", (ISSUER, "alice"), "intake-portal", RUN_B, None)
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"{not json", {}),
+        (json.dumps({"reason": "has space"}).encode(), {}),
+        (b"x" * (MAX_BODY_BYTES + 1), {}),
+    ],
+    ids=["malformed", "bad-reason", "too-large"],
+)
+async def test_run_actions_refuse_an_unauthorised_caller_before_reading_the_body(
+    client: httpx.AsyncClient, backend: FakeBackend, content: bytes, headers: dict[str, str]
+) -> None:
+    # Another principal's run: 404, whatever the body; a caller without the action: 403.
+    response = await client.post(
+        f"/v1/runs/{RUN_B}/cancel",
+        content=content,
+        headers={**ALICE, "content-type": "application/json", **headers},
+    )
+    problem(response, 404, "run.not-found")
+    response = await client.post(
+        f"/v1/runs/{RUN_A}/reconcile",
+        content=content,
+        headers={**READER, "content-type": "application/json"},
+    )
+    problem(response, 403, "authorization.refused")
+    assert "run_action" not in backend.names()
+    assert [audit.reason for audit in backend.audits] == [None, None]
 
 
 async def test_run_action_refusal_from_recovery_is_relayed(
@@ -689,6 +719,34 @@ async def test_wrong_method_is_405_problem(client: httpx.AsyncClient) -> None:
     assert "GET" in response.headers["allow"]
     post_ready = await client.post("/ready")
     problem(post_ready, 405, "method-not-allowed")
+
+
+@pytest.mark.parametrize(
+    ("path", "token"),
+    [
+        (f"/v1/runs/{RUN_A}", ALICE),
+        (f"/v1/runs/{RUN_A}/inspection", CASE_OPERATOR),
+        ("/v1/runs", CASE_OPERATOR),
+        ("/v1/operator/doctor", PLATFORM),
+    ],
+)
+async def test_head_on_an_acting_route_is_405_and_neither_acts_nor_audits(
+    client: httpx.AsyncClient, backend: FakeBackend, path: str, token: dict[str, str]
+) -> None:
+    response = await client.head(path, headers=token)
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET"
+    assert backend.audits == []
+    assert backend.names() == []
+    # The same GET acts and is audited.
+    assert (await client.get(path, headers=token)).status_code == 200
+    assert len(backend.audits) == 1
+
+
+async def test_head_on_ready_answers_like_get(client: httpx.AsyncClient) -> None:
+    response = await client.head("/ready")
+    assert response.status_code == 200
+    assert response.content == b""
 
 
 async def test_instance_uses_the_public_url(backend: FakeBackend) -> None:
