@@ -147,12 +147,17 @@ def check(ctx: typer.Context, runtime_config: RuntimeOpt = None, output: OutputO
 
 @workflow_app.command("check")
 def workflow_check(ctx: typer.Context, source: SourceArg, output: OutputOpt = None) -> None:
-    """Validate a workflow source directory, offline."""
+    """Validate a workflow source directory, offline (warnings never refuse it)."""
+    from core.workflow.advice import advise
     from core.workflow.check import check_source_dir
 
     g = _globals(ctx, output=output)
     workflow = check_source_dir(source)
-    render.emit({"status": "valid", "id": workflow.id, "version": workflow.version}, g.output)
+    document: dict[str, Any] = {"status": "valid", "id": workflow.id, "version": workflow.version}
+    warnings = advise(workflow)
+    if warnings:
+        document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
+    render.emit(document, g.output)
 
 
 @workflow_app.command("simulate")

@@ -14,7 +14,7 @@ import yaml
 
 from cli import simulate as sim
 from core import derive
-from core.workflow.check import check_source_dir
+from core.workflow.check import check_source, check_source_dir
 from core.workflow.model import Workflow
 from tests.helpers.cli_run import run_cli
 
@@ -184,7 +184,10 @@ def test_a_401_is_sent_once_more_and_a_second_401_is_a_refusal() -> None:
 
 
 def test_retries_back_off_without_jitter_until_the_deadline() -> None:
-    workflow = approval()
+    # The example gives request-review four hours; five minutes keeps the sequence short.
+    text = (APPROVAL / "workflow.yaml").read_bytes()
+    assert b"deadlineSeconds: 14400" in text
+    workflow = check_source(text.replace(b"deadlineSeconds: 14400", b"deadlineSeconds: 300"))
     script = approval_script(
         answers={"request-review": {"status": 429}}, expect={"state": "failed"}
     )
