@@ -26,6 +26,7 @@ from cli import login as login_flow
 from cli.options import (
     CLIENT_ID_ENV,
     Group,
+    ListOrder,
     OutputFormat,
     OutputOpt,
     ReasonOpt,
@@ -567,6 +568,8 @@ def _api_opts(
 
 
 _RUN_COLUMNS = ("runId", "workflow", "state", "outcome", "attention", "createdAt")
+_ATTENTION_COLUMNS = ("runId", "workflow", "state", "step", "cause", "since")
+"""The columns of a list of runs that need attention: the step that needs it, and since when."""
 
 
 @app.command("doctor", help=ACTIONS["doctor"].help)
@@ -599,6 +602,35 @@ def list_runs(
     workflow: Annotated[
         str | None, typer.Option("--workflow", metavar="ID", help="Only runs of this workflow.")
     ] = None,
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step", metavar="ID", help="Only runs whose step of this id needs attention."
+        ),
+    ] = None,
+    cause: Annotated[
+        str | None,
+        typer.Option(
+            "--cause", metavar="CAUSE", help="Only runs with a step that needs attention for this."
+        ),
+    ] = None,
+    updated_before: Annotated[
+        str | None,
+        typer.Option(
+            "--updated-before",
+            metavar="TIME",
+            help="Only runs last updated before this RFC 3339 date-time (with an offset).",
+        ),
+    ] = None,
+    order: Annotated[
+        ListOrder | None,
+        typer.Option(
+            "--order",
+            metavar="newest|oldest",
+            help="newest by creation (the default), or oldest: the longest waiting for an "
+            "operator first among runs that need attention, else by creation.",
+        ),
+    ] = None,
     limit: Annotated[
         int | None,
         typer.Option("--limit", metavar="N", min=1, max=100, help="Runs per page (default 20)."),
@@ -611,7 +643,7 @@ def list_runs(
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Runs, newest first (20 by default, at most 100)."""
+    """Runs, newest or oldest first, with filters and their total (20 a page, at most 100)."""
     client, g = _api_opts(ctx, url, token_file, output)
     params = {
         name: str(value)
@@ -619,6 +651,10 @@ def list_runs(
             ("attention", attention.value if attention else None),
             ("state", state.value if state else None),
             ("workflow", workflow),
+            ("step", step),
+            ("cause", cause),
+            ("updatedBefore", updated_before),
+            ("order", order.value if order else None),
             ("limit", limit),
             ("cursor", cursor),
         )
@@ -628,10 +664,19 @@ def list_runs(
     if g.output == "json":
         render.emit_json(body)
         return
+    runs = body.get("runs", [])
     rows = [
-        {**run, "workflow": (run.get("workflow") or {}).get("id")} for run in body.get("runs", [])
+        {
+            **run,
+            "workflow": (run.get("workflow") or {}).get("id"),
+            **(run.get("attentionStep") or {}),
+        }
+        for run in runs
     ]
-    typer.echo(render.table(rows, _RUN_COLUMNS))
+    needing = bool(runs) and all("attentionStep" in run for run in runs)
+    typer.echo(render.table(rows, _ATTENTION_COLUMNS if needing else _RUN_COLUMNS))
+    estimate = " (an estimate)" if body.get("totalIsEstimate") else ""
+    typer.echo(f"total: {body.get('total', '-')}{estimate}")
     typer.echo(f"nextCursor: {body.get('nextCursor') or '-'}")
 
 

@@ -43,6 +43,13 @@ class TrueFalse(StrEnum):
     false = "false"
 
 
+class ListOrder(StrEnum):
+    """``GET /v1/runs?order=``."""
+
+    newest = "newest"
+    oldest = "oldest"
+
+
 RuntimeOpt = Annotated[
     Path | None,
     typer.Option(

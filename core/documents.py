@@ -49,6 +49,12 @@ def status_message(document: Mapping[str, Any]) -> pb.RunStatus:
             message.failure.step = failure["step"]
     if "endedAt" in document:
         message.ended_at = document["endedAt"]
+    attention_step = document.get("attentionStep")
+    if attention_step is not None:
+        message.attention_step.step = attention_step["step"]
+        message.attention_step.since = attention_step["since"]
+        if "cause" in attention_step:
+            message.attention_step.cause = attention_step["cause"]
     return message
 
 
@@ -75,12 +81,24 @@ def status_document(message: pb.RunStatus) -> dict[str, Any]:
     document["updatedAt"] = message.updated_at
     if message.HasField("ended_at"):
         document["endedAt"] = message.ended_at
+    if message.HasField("attention_step"):
+        step = message.attention_step
+        shown: dict[str, Any] = {"step": step.step}
+        if step.HasField("cause"):
+            shown["cause"] = step.cause
+        shown["since"] = step.since
+        document["attentionStep"] = shown
     return document
 
 
 def list_message(document: Mapping[str, Any]) -> pb.RunList:
-    """A run list page (``{"runs": [status…], "nextCursor": …}``) as its message."""
-    message = pb.RunList(runs=[status_message(run) for run in document["runs"]])
+    """A run list page (``{"runs": [status…], "nextCursor": …, "total": N,
+    "totalIsEstimate": …}``) as its message."""
+    message = pb.RunList(
+        runs=[status_message(run) for run in document["runs"]],
+        total=document["total"],
+        total_is_estimate=document["totalIsEstimate"],
+    )
     if document["nextCursor"] is not None:
         message.next_cursor = document["nextCursor"]
     return message
@@ -91,6 +109,8 @@ def list_document(message: pb.RunList) -> dict[str, Any]:
     return {
         "runs": [status_document(run) for run in message.runs],
         "nextCursor": message.next_cursor if message.HasField("next_cursor") else None,
+        "total": message.total,
+        "totalIsEstimate": message.total_is_estimate,
     }
 
 

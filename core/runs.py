@@ -42,6 +42,27 @@ from core.states import RunState
 RUN_STATES: Final = tuple(RunState)
 """Every state a run can be in (the status document's ``state``)."""
 
+NEWEST: Final = "newest"
+OLDEST: Final = "oldest"
+LIST_ORDERS: Final = (NEWEST, OLDEST)
+"""``GET /v1/runs?order=``: newest by creation (the default), or oldest first, by the time
+attention began on a list of runs that need attention and by creation otherwise."""
+STEP_NAME: Final = re.compile(r"[a-z][a-z0-9-]{0,62}")
+"""What a step id looks like (core/workflow/parse.py ``NAME``), for the list's ``step``."""
+ATTENTION_CAUSES: Final = (
+    "answer-too-large",
+    "connection-lost",
+    "framing-violation",
+    "lease-expired",
+    "restore-snapshot",
+    "status-5xx",
+    "timeout-after-send",
+    "tls-refused",
+    "token-refused",
+    "unreadable-answer",
+)
+"""The causes a step that needs attention may show (``step.cause`` in schema.sql), for the
+list's ``cause``."""
 DEFAULT_LIST_LIMIT: Final = 20
 """Runs on one list page when the request names no ``limit``."""
 MAX_LIST_LIMIT: Final = 100
@@ -310,20 +331,28 @@ async def read_steps(
 
 @dataclass(frozen=True)
 class Cursor:
-    """A position in the newest-first list: strictly after ``(created_at, run_id)``."""
+    """A position in a list: strictly after ``(at, run_id)`` in the list's ``order``.
 
-    created_at: datetime
+    ``at`` is the instant the order sorts by (the creation, or for the oldest-first
+    attention list the time attention began). A newest-first cursor is written as it always
+    was; an oldest-first one carries a mark, so a cursor is never read in the other order.
+    """
+
+    at: datetime
     run_id: str
+    order: str = NEWEST
 
     def encode(self) -> str:
         """The opaque text handed to clients (URL-safe base64, no padding)."""
-        micros = (self.created_at - _EPOCH) // timedelta(microseconds=1)
-        inner = f"{micros}.{self.run_id}".encode("ascii")
+        micros = (self.at - _EPOCH) // timedelta(microseconds=1)
+        mark = "" if self.order == NEWEST else "o"
+        inner = f"{mark}{micros}.{self.run_id}".encode("ascii")
         return base64.urlsafe_b64encode(inner).rstrip(b"=").decode("ascii")
 
     @classmethod
-    def decode(cls, text: str) -> Cursor:
-        """Read a cursor this module issued; anything else is ``request.invalid``."""
+    def decode(cls, text: str, order: str = NEWEST) -> Cursor:
+        """Read a cursor this module issued for a list in ``order``; anything else is
+        ``request.invalid``."""
         refused = CoordinatorError(Code.REQUEST_INVALID, "cursor: not a cursor this service issued")
         if not text or len(text) > 200 or not text.isascii():
             raise refused
@@ -331,23 +360,35 @@ class Cursor:
             inner = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
         except (binascii.Error, ValueError):
             raise refused from None
+        found = NEWEST
+        if inner.startswith("o"):
+            found, inner = OLDEST, inner[1:]
         match = _CURSOR.fullmatch(inner)
         if match is None:
             raise refused
+        if found != order:
+            raise CoordinatorError(
+                Code.REQUEST_INVALID, f"cursor: belongs to a list in {found} order, not {order}"
+            )
         try:
-            created_at = _EPOCH + timedelta(microseconds=int(match.group(1)))
+            at = _EPOCH + timedelta(microseconds=int(match.group(1)))
         except OverflowError:
             raise refused from None
-        return cls(created_at=created_at, run_id=match.group(2))
+        return cls(at=at, run_id=match.group(2), order=order)
 
 
 __all__ = [
+    "ATTENTION_CAUSES",
     "DEFAULT_LIST_LIMIT",
     "IDEMPOTENCY_KEY",
+    "LIST_ORDERS",
     "MAX_LIST_LIMIT",
     "MAX_RETAIN_LIMIT",
+    "NEWEST",
+    "OLDEST",
     "REFERENCE",
     "RUN_STATES",
+    "STEP_NAME",
     "Cursor",
     "Holds",
     "OperatorActionRecord",

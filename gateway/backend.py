@@ -79,6 +79,14 @@ class ListQuery:
     """1..100."""
     cursor: str | None
     """The opaque ``nextCursor`` of a previous page."""
+    order: str = "newest"
+    """``newest`` or ``oldest``."""
+    step: str | None = None
+    """Only runs whose step of this name needs attention."""
+    cause: str | None = None
+    """Only runs with a step that needs attention for this cause."""
+    updated_before: str | None = None
+    """RFC 3339, as the caller wrote it."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +317,10 @@ class GrpcBackend:
             only_principal=query.principal is not None,
             principal_iss=iss,
             principal_sub=sub,
+            order=query.order,
+            step=query.step or "",
+            cause=query.cause or "",
+            updated_before=query.updated_before or "",
         )
         reply = await call("recovery", self._recovery().List, request, timeout=self._timeout)
         return list_document(reply)

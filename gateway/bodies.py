@@ -27,12 +27,17 @@ from starlette.requests import Request
 
 from core.actions import exact_members
 from core.canonical import unkept_place
+from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import (
+    ATTENTION_CAUSES,
     DEFAULT_LIST_LIMIT,
+    LIST_ORDERS,
     MAX_LIST_LIMIT,
+    NEWEST,
     RUN_STATES,
+    STEP_NAME,
     check_idempotency_key,
 )
 
@@ -181,7 +186,17 @@ def _single(params: QueryParams, name: str) -> str | None:
     return values[0] if values else None
 
 
-LIST_PARAMETERS: Final = ("attention", "state", "workflow", "limit", "cursor")
+LIST_PARAMETERS: Final = (
+    "attention",
+    "state",
+    "workflow",
+    "step",
+    "cause",
+    "updatedBefore",
+    "order",
+    "limit",
+    "cursor",
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +213,14 @@ class ListParameters:
     """1..100, default 20."""
     cursor: str | None
     """The opaque cursor of the previous page."""
+    order: str = NEWEST
+    """``newest`` (the default) or ``oldest``."""
+    step: str | None = None
+    """A step id: only runs whose step of that name needs attention."""
+    cause: str | None = None
+    """Only runs with a step that needs attention for this cause."""
+    updated_before: str | None = None
+    """An RFC 3339 date-time with an offset, as the caller wrote it."""
 
 
 def list_parameters(params: QueryParams) -> ListParameters:
@@ -226,4 +249,18 @@ def list_parameters(params: QueryParams) -> ListParameters:
     cursor = _single(params, "cursor")
     if cursor is not None and not CURSOR_PATTERN.fullmatch(cursor):
         raise RequestInvalid("cursor: not a cursor this service gave")
-    return ListParameters(attention, state, workflow, limit, cursor)
+    order = _single(params, "order") or NEWEST
+    if order not in LIST_ORDERS:
+        raise RequestInvalid("order: must be newest or oldest")
+    step = _single(params, "step")
+    if step is not None and not STEP_NAME.fullmatch(step):
+        raise RequestInvalid("step: must be a step id")
+    cause = _single(params, "cause")
+    if cause is not None and cause not in ATTENTION_CAUSES:
+        raise RequestInvalid("cause: must be one of " + ", ".join(ATTENTION_CAUSES))
+    updated_before = _single(params, "updatedBefore")
+    if updated_before is not None and parse_offset_instant(updated_before) is None:
+        raise RequestInvalid("updatedBefore: must be an RFC 3339 date-time with an offset")
+    return ListParameters(
+        attention, state, workflow, limit, cursor, order, step, cause, updated_before
+    )

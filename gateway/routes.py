@@ -205,6 +205,10 @@ async def list_runs(request: Request) -> Response:
                 state=params.state,
                 limit=params.limit,
                 cursor=params.cursor,
+                order=params.order,
+                step=params.step,
+                cause=params.cause,
+                updated_before=params.updated_before,
             )
         )
     return _json(document)

@@ -12,21 +12,29 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
 
 from core import clock
 from core.bindings import run_conflicts
+from core.clock import parse_offset_instant, timestamp
 from core.codes import Code
+from core.db import statements
 from core.db.connect import serving_host
-from core.db.statements import RunStepsRow, Statements
+from core.db.statements import RecoveryRunEstimatesRow, RunStepsRow, Statements
 from core.errors import CoordinatorError
 from core.metrics import gauge, render
 from core.runs import (
+    ATTENTION_CAUSES,
     DEFAULT_LIST_LIMIT,
+    LIST_ORDERS,
     MAX_LIST_LIMIT,
+    NEWEST,
+    OLDEST,
     RUN_STATES,
+    STEP_NAME,
     Cursor,
     Holds,
     OperatorActionRecord,
@@ -138,6 +146,18 @@ class ListFilter:
     """Only runs of this ``(iss, sub)``; ``None`` for every principal."""
     limit: int
     cursor: Cursor | None
+    order: str = NEWEST
+    step: str | None = None
+    """Only runs whose step of this name needs attention."""
+    cause: str | None = None
+    """Only runs with a step that needs attention for this cause."""
+    updated_before: datetime | None = None
+
+    @property
+    def needs_attention(self) -> bool:
+        """Whether only runs that need attention can match (a step or cause filter is about
+        the step that needs it)."""
+        return self.attention is True or self.step is not None or self.cause is not None
 
     @classmethod
     def build(
@@ -150,6 +170,10 @@ class ListFilter:
         limit: int = 0,
         cursor: str = "",
         principal: tuple[str, str] | None = None,
+        order: str = "",
+        step: str = "",
+        cause: str = "",
+        updated_before: str = "",
     ) -> ListFilter:
         """Check the query parameters; a bad one is ``request.invalid`` naming it."""
         if attention not in ("", "true", "false"):
@@ -162,46 +186,174 @@ class ListFilter:
             limit = DEFAULT_LIST_LIMIT
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise CoordinatorError(Code.REQUEST_INVALID, f"limit: must be 1 to {MAX_LIST_LIMIT}")
+        order = order or NEWEST
+        if order not in LIST_ORDERS:
+            raise CoordinatorError(Code.REQUEST_INVALID, "order: must be newest or oldest")
+        if step and not STEP_NAME.fullmatch(step):
+            raise CoordinatorError(Code.REQUEST_INVALID, "step: must be a step id")
+        if cause and cause not in ATTENTION_CAUSES:
+            raise CoordinatorError(
+                Code.REQUEST_INVALID, "cause: must be one of " + ", ".join(ATTENTION_CAUSES)
+            )
+        before = None
+        if updated_before:
+            before = parse_offset_instant(updated_before)
+            if before is None:
+                raise CoordinatorError(
+                    Code.REQUEST_INVALID, "updatedBefore: must be an RFC 3339 date-time"
+                )
         scope = tuple(dict.fromkeys(workflows))
         if workflow_id:
             # Outside the caller's scope the answer is simply empty; the gateway already
             # refused a workflow the policy does not cover.
             scope = (workflow_id,) if workflow_id in scope else ()
+        wants_attention = None if attention == "" else attention == "true"
+        if wants_attention is False and (step or cause):
+            # A step or a cause filter is about the step that needs attention.
+            scope = ()
         return cls(
             workflows=scope,
-            attention=None if attention == "" else attention == "true",
+            attention=wants_attention,
             state=state or None,
             principal=principal,
             limit=limit,
-            cursor=Cursor.decode(cursor) if cursor else None,
+            cursor=Cursor.decode(cursor, order) if cursor else None,
+            order=order,
+            step=step or None,
+            cause=cause or None,
+            updated_before=before,
         )
 
 
-async def list_runs(store: Store, wanted: ListFilter) -> dict[str, Any]:
-    """``{"runs": [status…], "nextCursor": text | None}``, newest first."""
-    if not wanted.workflows:
-        return {"runs": [], "nextCursor": None}
+async def _page(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) -> list[Any]:
+    """One more row than the page holds (it tells whether another page exists)."""
     iss, sub = wanted.principal if wanted.principal is not None else (None, None)
     after = wanted.cursor
-    async with store.connection() as conn:
-        rows = await store.queries.recovery_run_list(
+    after_at = after.at if after else None
+    after_run_id = after.run_id if after else None
+    if wanted.needs_attention:
+        attention_list = (
+            q.recovery_run_list_attention_oldest
+            if wanted.order == OLDEST
+            else q.recovery_run_list_attention
+        )
+        return list(
+            await attention_list(
+                conn,
+                workflow_ids=list(wanted.workflows),
+                state=wanted.state,
+                principal_iss=iss,
+                principal_sub=sub,
+                updated_before=wanted.updated_before,
+                step=wanted.step,
+                cause=wanted.cause,
+                after_at=after_at,
+                after_run_id=after_run_id,
+                limit=wanted.limit + 1,
+            )
+        )
+    general = q.recovery_run_list_oldest if wanted.order == OLDEST else q.recovery_run_list
+    return list(
+        await general(
             conn,
             workflow_ids=list(wanted.workflows),
             attention=wanted.attention,
             state=wanted.state,
             principal_iss=iss,
             principal_sub=sub,
-            after_created_at=after.created_at if after else None,
-            after_run_id=after.run_id if after else None,
-            # One more than asked tells whether another page exists.
+            updated_before=wanted.updated_before,
+            after_at=after_at,
+            after_run_id=after_run_id,
             limit=wanted.limit + 1,
         )
-    runs = [RunRecord.from_row(row) for row in rows[: wanted.limit]]
+    )
+
+
+async def _total(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) -> tuple[int, bool]:
+    """How many runs match over all pages: ``(count, False)`` up to
+    :data:`COUNTED_EXACTLY`, ``(estimate, True)`` past it."""
+    iss, sub = wanted.principal if wanted.principal is not None else (None, None)
+    if wanted.needs_attention:
+        counted = await q.recovery_run_count_attention(
+            conn,
+            workflow_ids=list(wanted.workflows),
+            state=wanted.state,
+            principal_iss=iss,
+            principal_sub=sub,
+            updated_before=wanted.updated_before,
+            step=wanted.step,
+            cause=wanted.cause,
+            counted_up_to=COUNTED_EXACTLY + 1,
+        )
+    else:
+        counted = await q.recovery_run_count(
+            conn,
+            workflow_ids=list(wanted.workflows),
+            attention=wanted.attention,
+            state=wanted.state,
+            principal_iss=iss,
+            principal_sub=sub,
+            updated_before=wanted.updated_before,
+            counted_up_to=COUNTED_EXACTLY + 1,
+        )
+    count = int(counted or 0)
+    if count <= COUNTED_EXACTLY:
+        return count, False
+    estimates = await q.recovery_run_estimates(conn)
+    return max(count, _estimate(estimates, wanted)), True
+
+
+def _estimate(estimates: RecoveryRunEstimatesRow | None, wanted: ListFilter) -> int:
+    """The statistics' estimate of a list past the exact count: the runs that need
+    attention, or of the asked state, or all runs. The other filters (workflow, principal,
+    step, cause, updatedBefore) are not in the statistics: it can only be larger."""
+    if estimates is None:
+        return 0
+    if wanted.needs_attention:
+        return round(estimates.attention_rows)
+    if wanted.state is not None and estimates.states is not None:
+        frequencies = estimates.frequencies or []
+        frequency = dict(zip(estimates.states, frequencies, strict=True))
+        return round(estimates.rows * frequency.get(wanted.state, 0.0))
+    return round(estimates.rows)
+
+
+def _entry(row: Any) -> dict[str, Any]:
+    """A list entry: the run's status, and the step that needs attention while it does."""
+    document = RunRecord.from_row(row).status()
+    if row.attention and row.attention_step is not None and row.attention_since is not None:
+        step: dict[str, Any] = {"step": row.attention_step}
+        if row.attention_cause is not None:
+            step["cause"] = row.attention_cause
+        step["since"] = timestamp(row.attention_since)
+        document["attentionStep"] = step
+    return document
+
+
+async def list_runs(store: Store, wanted: ListFilter) -> dict[str, Any]:
+    """``{"runs": [entry…], "nextCursor": text | None, "total": N, "totalIsEstimate": …}``
+    in the order asked (CONTRACT §8.2)."""
+    if not wanted.workflows:
+        return {"runs": [], "nextCursor": None, "total": 0, "totalIsEstimate": False}
+    async with store.connection() as conn, conn.transaction(readonly=True):
+        # Which filters are given decides which index serves the page and the count: plan
+        # them for their values, not once for any (a generic plan walks run_newest).
+        await statements.session_plans_per_call(conn)
+        rows = await _page(conn, store.queries, wanted)
+        total, estimated = await _total(conn, store.queries, wanted)
+    page = rows[: wanted.limit]
     next_cursor = None
     if len(rows) > wanted.limit:
-        last = runs[-1]
-        next_cursor = Cursor(last.created_at, last.id).encode()
-    return {"runs": [run.status() for run in runs], "nextCursor": next_cursor}
+        last = page[-1]
+        by_attention = wanted.needs_attention and wanted.order == OLDEST
+        at = last.attention_since if by_attention else last.created_at
+        next_cursor = Cursor(at, last.id, wanted.order).encode()
+    return {
+        "runs": [_entry(row) for row in page],
+        "nextCursor": next_cursor,
+        "total": total,
+        "totalIsEstimate": estimated,
+    }
 
 
 # ------------------------------------------------------------------------ doctor and metrics
@@ -227,7 +379,7 @@ async def run_counts(conn: asyncpg.Connection, q: Statements) -> dict[str, int]:
     }
     over = [state for state, count in counts.items() if count > COUNTED_EXACTLY]
     if over:
-        estimates = await q.recovery_run_state_estimates(conn)
+        estimates = await q.recovery_run_estimates(conn)
         frequency: dict[str, float] = {}
         # (Both arrays come from the same statistics slot: null together, or neither.)
         if (

@@ -124,6 +124,10 @@ class RecoveryService(pb_grpc.RecoveryServicer):
             principal=(
                 (request.principal_iss, request.principal_sub) if request.only_principal else None
             ),
+            order=request.order,
+            step=request.step,
+            cause=request.cause,
+            updated_before=request.updated_before,
         )
         return list_message(await reads.list_runs(self.store, wanted))
 

@@ -176,6 +176,9 @@ CREATE TABLE {{ns}}.run (
                                     'succeeded', 'failed', 'cancelled')),
     outcome        text,
     attention      boolean NOT NULL DEFAULT false,
+    -- when attention last began (the oldest-first attention list's order); null without
+    -- attention. Kept by the run_attention_since trigger: no statement writes it.
+    attention_since timestamptz,
     cancelling     boolean NOT NULL DEFAULT false,
     -- a cancel with onCancel: the seq of the onCancel step. Steps before it are abandoned
     -- (their answers still settle them, but never lead on); null without such a path
@@ -194,7 +197,8 @@ CREATE TABLE {{ns}}.run (
     CHECK (state <> 'succeeded' OR outcome IS NOT NULL),
     CHECK (failure_kind IS NULL OR state = 'failed'),
     CHECK (erased_at IS NULL OR ended_at IS NOT NULL),
-    CHECK (cancel_seq IS NULL OR cancelling)
+    CHECK (cancel_seq IS NULL OR cancelling),
+    CHECK ((attention_since IS NOT NULL) = attention)
 ) WITH (fillfactor = 80);
 
 -- list: newest first, with (created_at, id) as the cursor
@@ -216,6 +220,8 @@ CREATE INDEX run_ended ON {{ns}}.run (state)
     WHERE state IN ('succeeded', 'failed', 'cancelled');
 -- list --attention true
 CREATE INDEX run_attention ON {{ns}}.run (created_at DESC, id DESC) WHERE attention;
+-- list --attention true --order oldest: the runs waiting longest for an operator first
+CREATE INDEX run_attention_oldest ON {{ns}}.run (attention_since, id) WHERE attention;
 -- retention: ended runs whose payloads still exist
 CREATE INDEX run_erasable ON {{ns}}.run (ended_at) WHERE ended_at IS NOT NULL AND erased_at IS NULL;
 
@@ -439,6 +445,28 @@ CREATE FUNCTION {{ns}}.notify_channel() RETURNS trigger
             RETURN NULL;
         END
     $$;
+
+-- run.attention_since follows run.attention, whichever statement changes it: set when
+-- attention begins, kept while it lasts, cleared when it ends.
+CREATE FUNCTION {{ns}}.run_attention_since() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        BEGIN
+            IF NOT NEW.attention THEN
+                NEW.attention_since := NULL;
+            ELSIF TG_OP = 'INSERT' OR NOT OLD.attention THEN
+                NEW.attention_since := {{ns}}.now();
+            ELSE
+                NEW.attention_since := OLD.attention_since;
+            END IF;
+            RETURN NEW;
+        END
+    $$;
+
+CREATE TRIGGER run_attention_since
+    BEFORE INSERT OR UPDATE OF attention ON {{ns}}.run
+    FOR EACH ROW EXECUTE FUNCTION {{ns}}.run_attention_since();
 
 CREATE TRIGGER step_due_notify
     AFTER INSERT OR UPDATE OF due_at, lease_owner ON {{ns}}.step

@@ -470,6 +470,20 @@ class RecoveryRunCancelRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryRunEstimatesRow:
+    """A row of ``recovery_run_estimates``."""
+
+    rows: float
+    """Pg_class.reltuples of run."""
+    attention_rows: float
+    """Pg_class.reltuples of run_attention."""
+    states: list[str] | None
+    """Null before the first ANALYZE."""
+    frequencies: list[float] | None
+    """Null before the first ANALYZE."""
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryRunListRow:
     """A row of ``recovery_run_list``."""
 
@@ -489,6 +503,92 @@ class RecoveryRunListRow:
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None
+    attention_since: datetime | None
+    attention_step: str | None
+    """The first step that needs attention."""
+    attention_cause: str | None
+    """That step's cause, when it has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunListAttentionRow:
+    """A row of ``recovery_run_list_attention``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attention_since: datetime | None
+    attention_step: str | None
+    """The first step that needs attention."""
+    attention_cause: str | None
+    """That step's cause, when it has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunListAttentionOldestRow:
+    """A row of ``recovery_run_list_attention_oldest``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attention_since: datetime | None
+    attention_step: str | None
+    """The first step that needs attention."""
+    attention_cause: str | None
+    """That step's cause, when it has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRunListOldestRow:
+    """A row of ``recovery_run_list_oldest``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attention_since: datetime | None
+    attention_step: str | None
+    """The first step that needs attention."""
+    attention_cause: str | None
+    """That step's cause, when it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,18 +610,6 @@ class RecoveryRunStateCountsRow:
     succeeded: int
     failed: int
     cancelled: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryRunStateEstimatesRow:
-    """A row of ``recovery_run_state_estimates``."""
-
-    rows: float
-    """Pg_class.reltuples."""
-    states: list[str] | None
-    """Null before the first ANALYZE."""
-    frequencies: list[float] | None
-    """Null before the first ANALYZE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1643,6 +1731,86 @@ class Statements(Queries):
         )
         return None if record is None else RecoveryRunCancelRow(*record)
 
+    async def recovery_run_count(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        attention: bool | None,
+        state: str | None,
+        principal_iss: str | None,
+        principal_sub: str | None,
+        updated_before: datetime | None,
+        counted_up_to: int,
+    ) -> int:
+        """How many runs recovery_run_list would show over all its pages, counted up to
+        counted_up_to and no further (recovery_run_estimates completes a count that reaches
+        it). The order only steers the plan: walking run_newest under the LIMIT, never reading
+        the table whole. It is planned for its values (session_plans_per_call), so a state or
+        attention filter is served by its partial index. ``workflow_ids``: the workflows the
+        caller may see. ``attention``: null for either. ``state``: null for any.
+        ``principal_iss``: null for every principal. ``principal_sub``: null for every
+        principal. ``updated_before``: null for any.
+        """
+        result: int = await conn.fetchval(
+            self["recovery_run_count"],
+            workflow_ids,
+            attention,
+            state,
+            principal_iss,
+            principal_sub,
+            updated_before,
+            counted_up_to,
+        )
+        return result
+
+    async def recovery_run_count_attention(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        state: str | None,
+        principal_iss: str | None,
+        principal_sub: str | None,
+        updated_before: datetime | None,
+        step: str | None,
+        cause: str | None,
+        counted_up_to: int,
+    ) -> int:
+        """How many runs recovery_run_list_attention would show, counted up to counted_up_to.
+        ``workflow_ids``: the workflows the caller may see. ``state``: null for any.
+        ``principal_iss``: null for every principal. ``principal_sub``: null for every
+        principal. ``updated_before``: null for any. ``step``: only runs whose step of this
+        name needs attention. ``cause``: only runs with a step that needs attention for this
+        cause.
+        """
+        result: int = await conn.fetchval(
+            self["recovery_run_count_attention"],
+            workflow_ids,
+            state,
+            principal_iss,
+            principal_sub,
+            updated_before,
+            step,
+            cause,
+            counted_up_to,
+        )
+        return result
+
+    async def recovery_run_estimates(
+        self,
+        conn: Connection,
+    ) -> RecoveryRunEstimatesRow | None:
+        """PostgreSQL's own estimates, from the statistics ANALYZE (or autovacuum) last gathered:
+        the run table's rows, the rows of run_attention (the runs that need attention), and
+        the most common states with their frequencies. They complete the runs per state of
+        doctor and the metrics, and a list's total, past the exact counts.
+        """
+        record: Record | None = await conn.fetchrow(
+            self["recovery_run_estimates"],
+        )
+        return None if record is None else RecoveryRunEstimatesRow(*record)
+
     async def recovery_run_list(
         self,
         conn: Connection,
@@ -1652,15 +1820,18 @@ class Statements(Queries):
         state: str | None,
         principal_iss: str | None,
         principal_sub: str | None,
-        after_created_at: datetime | None,
+        updated_before: datetime | None,
+        after_at: datetime | None,
         after_run_id: str | None,
         limit: int,
     ) -> list[RecoveryRunListRow]:
-        """Runs newest first by (created_at, id), as run_read shapes them. ``workflow_ids``: the
-        workflows the caller may see. ``attention``: null for either. ``state``: null for any.
-        ``principal_iss``: null for every principal. ``principal_sub``: null for every
-        principal. ``after_created_at``: the cursor's; null for the first page.
-        ``after_run_id``: the cursor's; null for the first page. ``limit``: how many.
+        """Runs newest first by (created_at, id), as run_read shapes them, with the step that
+        needs attention. The general list; recovery_run_list_attention serves attention=true.
+        ``workflow_ids``: the workflows the caller may see. ``attention``: null for either.
+        ``state``: null for any. ``principal_iss``: null for every principal.
+        ``principal_sub``: null for every principal. ``updated_before``: null for any.
+        ``after_at``: the cursor's instant; null for the first page. ``after_run_id``: the
+        cursor's run id; null for the first page. ``limit``: how many.
         """
         records: list[Record] = await conn.fetch(
             self["recovery_run_list"],
@@ -1669,11 +1840,126 @@ class Statements(Queries):
             state,
             principal_iss,
             principal_sub,
-            after_created_at,
+            updated_before,
+            after_at,
             after_run_id,
             limit,
         )
         return [RecoveryRunListRow(*record) for record in records]
+
+    async def recovery_run_list_attention(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        state: str | None,
+        principal_iss: str | None,
+        principal_sub: str | None,
+        updated_before: datetime | None,
+        step: str | None,
+        cause: str | None,
+        after_at: datetime | None,
+        after_run_id: str | None,
+        limit: int,
+    ) -> list[RecoveryRunListAttentionRow]:
+        """Runs that need attention, newest first by (created_at, id), walking run_attention: the
+        attention condition is a literal so that the partial index serves every plan, generic
+        ones included. The filter lines are recovery_run_count_attention's. ``workflow_ids``:
+        the workflows the caller may see. ``state``: null for any. ``principal_iss``: null for
+        every principal. ``principal_sub``: null for every principal. ``updated_before``: null
+        for any. ``step``: only runs whose step of this name needs attention. ``cause``: only
+        runs with a step that needs attention for this cause. ``after_at``: the cursor's
+        instant; null for the first page. ``after_run_id``: the cursor's run id; null for the
+        first page. ``limit``: how many.
+        """
+        records: list[Record] = await conn.fetch(
+            self["recovery_run_list_attention"],
+            workflow_ids,
+            state,
+            principal_iss,
+            principal_sub,
+            updated_before,
+            step,
+            cause,
+            after_at,
+            after_run_id,
+            limit,
+        )
+        return [RecoveryRunListAttentionRow(*record) for record in records]
+
+    async def recovery_run_list_attention_oldest(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        state: str | None,
+        principal_iss: str | None,
+        principal_sub: str | None,
+        updated_before: datetime | None,
+        step: str | None,
+        cause: str | None,
+        after_at: datetime | None,
+        after_run_id: str | None,
+        limit: int,
+    ) -> list[RecoveryRunListAttentionOldestRow]:
+        """Runs that need attention, those waiting longest first: by (attention_since, id),
+        walking run_attention_oldest; otherwise recovery_run_list_attention. ``workflow_ids``:
+        the workflows the caller may see. ``state``: null for any. ``principal_iss``: null for
+        every principal. ``principal_sub``: null for every principal. ``updated_before``: null
+        for any. ``step``: only runs whose step of this name needs attention. ``cause``: only
+        runs with a step that needs attention for this cause. ``after_at``: the cursor's
+        instant; null for the first page. ``after_run_id``: the cursor's run id; null for the
+        first page. ``limit``: how many.
+        """
+        records: list[Record] = await conn.fetch(
+            self["recovery_run_list_attention_oldest"],
+            workflow_ids,
+            state,
+            principal_iss,
+            principal_sub,
+            updated_before,
+            step,
+            cause,
+            after_at,
+            after_run_id,
+            limit,
+        )
+        return [RecoveryRunListAttentionOldestRow(*record) for record in records]
+
+    async def recovery_run_list_oldest(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        attention: bool | None,
+        state: str | None,
+        principal_iss: str | None,
+        principal_sub: str | None,
+        updated_before: datetime | None,
+        after_at: datetime | None,
+        after_run_id: str | None,
+        limit: int,
+    ) -> list[RecoveryRunListOldestRow]:
+        """Runs oldest first by (created_at, id); otherwise recovery_run_list. ``workflow_ids``:
+        the workflows the caller may see. ``attention``: null for either. ``state``: null for
+        any. ``principal_iss``: null for every principal. ``principal_sub``: null for every
+        principal. ``updated_before``: null for any. ``after_at``: the cursor's instant; null
+        for the first page. ``after_run_id``: the cursor's run id; null for the first page.
+        ``limit``: how many.
+        """
+        records: list[Record] = await conn.fetch(
+            self["recovery_run_list_oldest"],
+            workflow_ids,
+            attention,
+            state,
+            principal_iss,
+            principal_sub,
+            updated_before,
+            after_at,
+            after_run_id,
+            limit,
+        )
+        return [RecoveryRunListOldestRow(*record) for record in records]
 
     async def recovery_run_owner(
         self,
@@ -1698,26 +1984,13 @@ class Statements(Queries):
         count walks run_live or run_ended under its state and stops there, so it costs the
         same at a million runs. (Each state is a literal: a partial index is only used for a
         condition that names its states.) A count that reaches $1 is completed from
-        recovery_run_state_estimates.
+        recovery_run_estimates.
         """
         record: Record | None = await conn.fetchrow(
             self["recovery_run_state_counts"],
             counted_up_to,
         )
         return None if record is None else RecoveryRunStateCountsRow(*record)
-
-    async def recovery_run_state_estimates(
-        self,
-        conn: Connection,
-    ) -> RecoveryRunStateEstimatesRow | None:
-        """PostgreSQL's own estimate of the runs per state, from the statistics ANALYZE (or
-        autovacuum) last gathered: the table's row count and the most common values of state
-        with their frequencies. Null arrays before the table was first analysed.
-        """
-        record: Record | None = await conn.fetchrow(
-            self["recovery_run_state_estimates"],
-        )
-        return None if record is None else RecoveryRunStateEstimatesRow(*record)
 
     async def recovery_scope_payloads(
         self,
@@ -2222,6 +2495,19 @@ async def server_version_num(
     """The server's version as a number (170010 for 17.10)."""
     result: int = await conn.fetchval(
         load()["server_version_num"],
+    )
+    return result
+
+
+async def session_plans_per_call(
+    conn: Connection,
+) -> str:
+    """Plan each statement of the rest of the transaction for its parameters' values
+    (plan_cache_mode force_custom_plan), never with a generic plan: for a statement whose
+    filters are optional (an operator's list), the values decide which index serves it.
+    """
+    result: str = await conn.execute(
+        load()["session_plans_per_call"],
     )
     return result
 

@@ -215,6 +215,34 @@ class RunStatus(_message.Message):
         @_typing.overload
         def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
 
+    @_typing.final
+    class AttentionStep(_message.Message):
+        """List entries only, while attention is true: the first step that needs it."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        STEP_FIELD_NUMBER: _builtins.int
+        CAUSE_FIELD_NUMBER: _builtins.int
+        SINCE_FIELD_NUMBER: _builtins.int
+        step: _builtins.str
+        cause: _builtins.str
+        since: _builtins.str
+        """When the run's attention began (RFC 3339)."""
+        def __init__(
+            self,
+            *,
+            step: _builtins.str = ...,
+            cause: _builtins.str | None = ...,
+            since: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "cause", b"cause"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "cause", b"cause", "since", b"since", "step", b"step"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__cause: _TypeAlias = _typing.Literal["cause"]  # noqa: Y015
+        _WhichOneofArgType__cause: _TypeAlias = _typing.Literal["_cause", b"_cause"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__cause) -> _WhichOneofReturnType__cause | None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     WORKFLOW_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
@@ -225,6 +253,7 @@ class RunStatus(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     ENDED_AT_FIELD_NUMBER: _builtins.int
+    ATTENTION_STEP_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     state: _builtins.str
     outcome: _builtins.str
@@ -239,6 +268,8 @@ class RunStatus(_message.Message):
     def workflow(self) -> Global___RunStatus.Workflow: ...
     @_builtins.property
     def failure(self) -> Global___RunStatus.Failure: ...
+    @_builtins.property
+    def attention_step(self) -> Global___RunStatus.AttentionStep: ...
     def __init__(
         self,
         *,
@@ -252,17 +283,22 @@ class RunStatus(_message.Message):
         created_at: _builtins.str = ...,
         updated_at: _builtins.str = ...,
         ended_at: _builtins.str | None = ...,
+        attention_step: Global___RunStatus.AttentionStep | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "workflow", b"workflow"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_step", b"_attention_step", "_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "attention_step", b"attention_step", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "workflow", b"workflow"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "attention", b"attention", "cancelling", b"cancelling", "created_at", b"created_at", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "run_id", b"run_id", "state", b"state", "updated_at", b"updated_at", "workflow", b"workflow"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_step", b"_attention_step", "_ended_at", b"_ended_at", "_failure", b"_failure", "_outcome", b"_outcome", "attention", b"attention", "attention_step", b"attention_step", "cancelling", b"cancelling", "created_at", b"created_at", "ended_at", b"ended_at", "failure", b"failure", "outcome", b"outcome", "run_id", b"run_id", "state", b"state", "updated_at", b"updated_at", "workflow", b"workflow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__attention_step: _TypeAlias = _typing.Literal["attention_step"]  # noqa: Y015
+    _WhichOneofArgType__attention_step: _TypeAlias = _typing.Literal["_attention_step", b"_attention_step"]  # noqa: Y015
     _WhichOneofReturnType__ended_at: _TypeAlias = _typing.Literal["ended_at"]  # noqa: Y015
     _WhichOneofArgType__ended_at: _TypeAlias = _typing.Literal["_ended_at", b"_ended_at"]  # noqa: Y015
     _WhichOneofReturnType__failure: _TypeAlias = _typing.Literal["failure"]  # noqa: Y015
     _WhichOneofArgType__failure: _TypeAlias = _typing.Literal["_failure", b"_failure"]  # noqa: Y015
     _WhichOneofReturnType__outcome: _TypeAlias = _typing.Literal["outcome"]  # noqa: Y015
     _WhichOneofArgType__outcome: _TypeAlias = _typing.Literal["_outcome", b"_outcome"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_step) -> _WhichOneofReturnType__attention_step | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ended_at) -> _WhichOneofReturnType__ended_at | None: ...
     @_typing.overload
@@ -410,6 +446,10 @@ class ListRequest(_message.Message):
     ONLY_PRINCIPAL_FIELD_NUMBER: _builtins.int
     PRINCIPAL_ISS_FIELD_NUMBER: _builtins.int
     PRINCIPAL_SUB_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    CAUSE_FIELD_NUMBER: _builtins.int
+    UPDATED_BEFORE_FIELD_NUMBER: _builtins.int
     attention: _builtins.str
     """"", "true" or "false" """
     state: _builtins.str
@@ -420,6 +460,13 @@ class ListRequest(_message.Message):
     """For non-operators: only runs this principal started."""
     principal_iss: _builtins.str
     principal_sub: _builtins.str
+    order: _builtins.str
+    """"", "newest" or "oldest" """
+    step: _builtins.str
+    """"" for any; a step id, or a cause, of the step that needs attention"""
+    cause: _builtins.str
+    updated_before: _builtins.str
+    """"" for any; RFC 3339"""
     @_builtins.property
     def workflows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The workflows the caller's policy covers; the list never shows others."""
@@ -436,10 +483,14 @@ class ListRequest(_message.Message):
         only_principal: _builtins.bool = ...,
         principal_iss: _builtins.str = ...,
         principal_sub: _builtins.str = ...,
+        order: _builtins.str = ...,
+        step: _builtins.str = ...,
+        cause: _builtins.str = ...,
+        updated_before: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "cursor", b"cursor", "limit", b"limit", "only_principal", b"only_principal", "principal_iss", b"principal_iss", "principal_sub", b"principal_sub", "state", b"state", "workflow_id", b"workflow_id", "workflows", b"workflows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "cause", b"cause", "cursor", b"cursor", "limit", b"limit", "only_principal", b"only_principal", "order", b"order", "principal_iss", b"principal_iss", "principal_sub", b"principal_sub", "state", b"state", "step", b"step", "updated_before", b"updated_before", "workflow_id", b"workflow_id", "workflows", b"workflows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -601,7 +652,12 @@ class RunList(_message.Message):
 
     RUNS_FIELD_NUMBER: _builtins.int
     NEXT_CURSOR_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    TOTAL_IS_ESTIMATE_FIELD_NUMBER: _builtins.int
     next_cursor: _builtins.str
+    total: _builtins.int
+    """Every run the filters match, over all pages: exact up to 10,000, else an estimate."""
+    total_is_estimate: _builtins.bool
     @_builtins.property
     def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunStatus]: ...
     def __init__(
@@ -609,10 +665,12 @@ class RunList(_message.Message):
         *,
         runs: _abc.Iterable[Global___RunStatus] | None = ...,
         next_cursor: _builtins.str | None = ...,
+        total: _builtins.int = ...,
+        total_is_estimate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor", "next_cursor", b"next_cursor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor", "next_cursor", b"next_cursor", "runs", b"runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor", "next_cursor", b"next_cursor", "runs", b"runs", "total", b"total", "total_is_estimate", b"total_is_estimate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__next_cursor: _TypeAlias = _typing.Literal["next_cursor"]  # noqa: Y015
     _WhichOneofArgType__next_cursor: _TypeAlias = _typing.Literal["_next_cursor", b"_next_cursor"]  # noqa: Y015

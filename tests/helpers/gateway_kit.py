@@ -200,7 +200,12 @@ class FakeBackend:
 
     async def list(self, query: ListQuery) -> Document:
         self._act("list", query)
-        return {"runs": [status_document(RUN_A)], "nextCursor": None}
+        return {
+            "runs": [status_document(RUN_A)],
+            "nextCursor": None,
+            "total": 1,
+            "totalIsEstimate": False,
+        }
 
     async def doctor(self) -> Document:
         self._act("doctor", None)

@@ -221,6 +221,126 @@ async def test_lists_filter_by_attention_state_workflow_and_principal(env: Serve
     assert bobs.run_id not in ids(alices) and len(ids(alices)) == 3
 
 
+async def _needs_attention(env: Served, run_id: str, cause: str, at: str) -> None:
+    """The run's call step becomes uncertain for ``cause`` at ``at`` (its run held)."""
+    await env.owner_execute(
+        "UPDATE {ns}.step SET state = 'uncertain', effect = 'unknown', cause = $2, due_at = NULL,"
+        " cause_status = CASE WHEN $2 = 'status-5xx' THEN 503 END WHERE run_id = $1",
+        run_id,
+        cause,
+    )
+    # attention_since is the trigger's: it reads the namespace's clock.
+    await env.owner_execute(
+        "UPDATE {ns}.run r SET state = 'held', attention = true"
+        " FROM (SELECT set_config('coordinator.fake_now', $2, true)) AS clock WHERE r.id = $1",
+        run_id,
+        at,
+    )
+
+
+def _ids(page: dict[str, Any]) -> list[str]:
+    return [run["runId"] for run in page["runs"]]
+
+
+async def test_the_attention_list_oldest_first_is_by_when_attention_began(env: Served) -> None:
+    runs = [(await start(env, f"k-{n}")).run_id for n in range(4)]
+    # Created 0, 1, 2, 3; attention began for 3 first, then 0, then 2; 1 never needed it.
+    await _needs_attention(env, runs[3], "status-5xx", "2030-01-01T08:00:00Z")
+    await _needs_attention(env, runs[0], "lease-expired", "2030-01-01T09:00:00Z")
+    await _needs_attention(env, runs[2], "status-5xx", "2030-01-01T10:00:00Z")
+
+    oldest = await listing(env, attention="true", order="oldest")
+    assert _ids(oldest) == [runs[3], runs[0], runs[2]]
+    assert (oldest["total"], oldest["totalIsEstimate"]) == (3, False)
+    assert oldest["runs"][0]["attentionStep"] == {
+        "step": "call-notices",
+        "cause": "status-5xx",
+        "since": "2030-01-01T08:00:00.000Z",
+    }
+    newest = await listing(env, attention="true")
+    assert _ids(newest) == [runs[3], runs[2], runs[0]]
+    # Without the attention filter, oldest first is by creation; a run without attention
+    # has no attentionStep.
+    everything = await listing(env, order="oldest")
+    assert _ids(everything) == runs
+    assert "attentionStep" not in everything["runs"][1]
+    assert everything["total"] == 4
+
+    # Pages both ways, each cursor in its own order only.
+    assert await _pages(env, 2, attention="true", order="oldest") == [
+        [runs[3], runs[0]],
+        [runs[2]],
+    ]
+    assert await _pages(env, 3, order="oldest") == [runs[:3], runs[3:]]
+    first = await listing(env, limit=1, attention="true", order="oldest")
+    await refused("request.invalid", listing(env, attention="true", cursor=first["nextCursor"]))
+
+
+async def test_attention_since_begins_once_and_ends_with_attention(env: Served) -> None:
+    run_id = (await start(env, "k-1")).run_id
+    await _needs_attention(env, run_id, "status-5xx", "2030-01-01T08:00:00Z")
+    # Attention recomputed while it lasts keeps its beginning.
+    await env.owner_execute(
+        "UPDATE {ns}.run r SET attention = true FROM (SELECT set_config("
+        "'coordinator.fake_now', '2030-01-02T08:00:00Z', true)) AS clock WHERE r.id = $1",
+        run_id,
+    )
+    since = "SELECT attention_since FROM {ns}.run WHERE id = $1"
+    (row,) = await env.owner_fetch(since, run_id)
+    assert row["attention_since"].isoformat() == "2030-01-01T08:00:00+00:00"
+    await env.owner_execute("UPDATE {ns}.run SET attention = false WHERE id = $1", run_id)
+    (row,) = await env.owner_fetch(since, run_id)
+    assert row["attention_since"] is None
+    # No statement may set it against attention.
+    with pytest.raises(Exception, match="check constraint"):
+        await env.owner_execute("UPDATE {ns}.run SET attention_since = now() WHERE id = $1", run_id)
+
+
+async def test_lists_filter_by_step_cause_and_updated_before(env: Served) -> None:
+    runs = [(await start(env, f"k-{n}")).run_id for n in range(3)]
+    await _needs_attention(env, runs[0], "status-5xx", "2030-01-01T08:00:00Z")
+    await _needs_attention(env, runs[1], "lease-expired", "2030-01-01T09:00:00Z")
+    await env.owner_execute(
+        "UPDATE {ns}.run SET updated_at = '2030-01-01T08:00:00Z' WHERE id = $1", runs[0]
+    )
+    await env.owner_execute(
+        "UPDATE {ns}.run SET updated_at = '2030-01-01T09:00:00Z' WHERE id IN ($1, $2)",
+        runs[1],
+        runs[2],
+    )
+
+    assert set(_ids(await listing(env, step="call-notices"))) == {runs[0], runs[1]}
+    assert _ids(await listing(env, step="elsewhere")) == []
+    by_cause = await listing(env, cause="lease-expired")
+    assert (_ids(by_cause), by_cause["total"]) == ([runs[1]], 1)
+    assert _ids(await listing(env, cause="status-5xx", step="call-notices")) == [runs[0]]
+    # A step or cause is about the step that needs attention: attention=false has none.
+    assert _ids(await listing(env, cause="status-5xx", attention="false")) == []
+    before = await listing(env, updated_before="2030-01-01T08:30:00Z")
+    assert (_ids(before), before["total"]) == ([runs[0]], 1)
+    later = await listing(env, updated_before="2030-01-01T09:00:00.001Z", attention="true")
+    assert set(_ids(later)) == {runs[0], runs[1]}
+
+
+async def test_a_total_past_the_exact_count_is_the_statistics_estimate(
+    env: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = [(await start(env, f"k-{n}")).run_id for n in range(5)]
+    for n, run_id in enumerate(runs[:4]):
+        await _needs_attention(env, run_id, "status-5xx", f"2030-01-01T0{n}:00:00Z")
+    await env.owner_execute("ANALYZE {ns}.run")
+    monkeypatch.setattr(reads, "COUNTED_EXACTLY", 2)
+
+    attention = await listing(env, attention="true", limit=1)
+    assert (attention["total"], attention["totalIsEstimate"]) == (4, True)
+    everything = await listing(env, limit=1)
+    assert (everything["total"], everything["totalIsEstimate"]) == (5, True)
+    held = await listing(env, state="held", limit=1)
+    assert (held["total"], held["totalIsEstimate"]) == (4, True)
+    monkeypatch.setattr(reads, "COUNTED_EXACTLY", 10_000)
+    assert (await listing(env, limit=1))["totalIsEstimate"] is False
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -229,6 +349,11 @@ async def test_lists_filter_by_attention_state_workflow_and_principal(env: Serve
         {"attention": "yes"},
         {"state": "done"},
         {"cursor": "not-a-cursor"},
+        {"order": "random"},
+        {"step": "Not A Step"},
+        {"cause": "bad-luck"},
+        {"updated_before": "yesterday"},
+        {"updated_before": "2030-01-01T08:00:00"},
     ],
 )
 async def test_lists_refuse_bad_parameters(env: Served, params: dict[str, Any]) -> None:

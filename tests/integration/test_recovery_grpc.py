@@ -90,7 +90,7 @@ async def test_reads_over_grpc(env: Served) -> None:
     assert missing.found is False
     assert status["runId"] == run_id and status["state"] == "running"
     assert [step["step"] for step in inspection["steps"]] == ["call-notices"]
-    assert listed == {"runs": [status], "nextCursor": None}
+    assert listed == {"runs": [status], "nextCursor": None, "total": 1, "totalIsEstimate": False}
     assert doctor["state"]["auditReady"] is True and doctor["mode"] == "ordinary"
     assert not_found.value.code == "run.not-found"
     assert bad_limit.value.code == "request.invalid"

@@ -376,15 +376,54 @@ def test_text_output_of_a_run_list_is_a_table(ctl: Ctl) -> None:
                 }
             ],
             "nextCursor": "c2",
+            "total": 1,
+            "totalIsEstimate": False,
         },
     )
-    code, out, _ = ctl("list", "--attention", "true")
+    code, out, _ = ctl("list", "--state", "held")
     assert code == 0
-    header, row, cursor = out.strip().splitlines()
+    header, row, total, cursor = out.strip().splitlines()
     assert header.split() == ["runId", "workflow", "state", "outcome", "attention", "createdAt"]
     assert row.split() == ["r-2", "approval-notice", "held", "-", "true", "2026-12-01T10:00:00Z"]
-    assert cursor == "nextCursor: c2"
-    assert recorder.requests[0]["path"] == "/v1/runs?attention=true"
+    assert (total, cursor) == ("total: 1", "nextCursor: c2")
+    assert recorder.requests[0]["path"] == "/v1/runs?state=held"
+
+
+def test_the_attention_list_shows_each_runs_step_and_since_when(ctl: Ctl) -> None:
+    run = {
+        "runId": "r-2",
+        "workflow": {"id": "approval-notice"},
+        "state": "held",
+        "attention": True,
+        "createdAt": "2026-12-01T10:00:00Z",
+        "attentionStep": {
+            "step": "send-approval",
+            "cause": "status-5xx",
+            "since": "2026-12-01T10:05:00Z",
+        },
+    }
+    ctl.recorder.answer = (
+        200,
+        "application/json",
+        {"runs": [run], "nextCursor": None, "total": 12345, "totalIsEstimate": True},
+    )
+    code, out, _ = ctl(
+        "list", "--attention", "true", "--order", "oldest", "--cause", "status-5xx",
+        "--step", "send-approval", "--updated-before", "2026-12-01T11:00:00Z",
+    )  # fmt: skip
+    assert code == 0
+    header, row, total, cursor = out.strip().splitlines()
+    assert header.split() == ["runId", "workflow", "state", "step", "cause", "since"]
+    assert row.split() == [
+        "r-2", "approval-notice", "held", "send-approval", "status-5xx", "2026-12-01T10:05:00Z"
+    ]  # fmt: skip
+    assert (total, cursor) == ("total: 12345 (an estimate)", "nextCursor: -")
+    assert ctl.recorder.requests[0]["path"] == (
+        "/v1/runs?attention=true&step=send-approval&cause=status-5xx"
+        "&updatedBefore=2026-12-01T11%3A00%3A00Z&order=oldest"
+    )
+    code, _, err = ctl("list", "--order", "sideways")
+    assert code == 2 and "'sideways' is not one of" in err
 
 
 def test_list_by_state_takes_a_run_state_and_refuses_anything_else_before_asking(
@@ -549,7 +588,7 @@ def test_a_wide_table_is_never_wrapped(ctl: Ctl, monkeypatch: pytest.MonkeyPatch
     ctl.recorder.answer = (200, "application/json", {"runs": [run], "nextCursor": None})
     code, out, _ = ctl("list")
     assert code == 0
-    header, row, cursor = out.strip().splitlines()
+    header, row, _total, cursor = out.strip().splitlines()
     assert header.split()[0] == "runId"
     assert row.split()[0] == run["runId"]
     assert cursor == "nextCursor: -"

@@ -65,11 +65,32 @@ def test_a_status_crosses_the_wire_member_for_member(change: dict[str, Any]) -> 
     assert same(carried(document, status_message, pb.RunStatus, status_document), document)
 
 
-@pytest.mark.parametrize("cursor", [None, "Y3Vyc29y"])
-def test_a_list_page_crosses_the_wire_member_for_member(cursor: str | None) -> None:
+def _needing_attention(cause: str | None) -> dict[str, Any]:
+    document = replace(RUN, id="run-3", attention=True, state="held").status()
+    step: dict[str, Any] = {"step": "send"}
+    if cause is not None:
+        step["cause"] = cause
+    step["since"] = "2026-12-04T09:30:00.000Z"
+    document["attentionStep"] = step
+    return document
+
+
+@pytest.mark.parametrize(
+    ("cursor", "total", "estimated"), [(None, 2, False), ("Y3Vyc29y", 250_000, True)]
+)
+def test_a_list_page_crosses_the_wire_member_for_member(
+    cursor: str | None, total: int, estimated: bool
+) -> None:
     document = {
-        "runs": [RUN.status(), replace(RUN, id="run-2", outcome="approved").status()],
+        "runs": [
+            RUN.status(),
+            replace(RUN, id="run-2", outcome="approved").status(),
+            _needing_attention("status-5xx"),
+            _needing_attention(None),
+        ],
         "nextCursor": cursor,
+        "total": total,
+        "totalIsEstimate": estimated,
     }
     assert same(carried(document, list_message, pb.RunList, list_document), document)
 

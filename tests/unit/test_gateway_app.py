@@ -424,7 +424,32 @@ async def test_list_scopes_non_operators_to_their_own_runs(
         "list",
         ListQuery((WORKFLOW,), None, True, "held", 100, "abc_DEF-1="),
     )
-    assert [(a.action, a.outcome) for a in backend.audits] == [("list", "ok"), ("list", "ok")]
+    await client.get(
+        "/v1/runs",
+        params={
+            "step": "send-approval",
+            "cause": "status-5xx",
+            "updatedBefore": "2026-12-04T09:30:00+01:00",
+            "order": "oldest",
+        },
+        headers=CASE_OPERATOR,
+    )
+    assert backend.log[-2] == (
+        "list",
+        ListQuery(
+            (WORKFLOW,),
+            None,
+            None,
+            None,
+            20,
+            None,
+            order="oldest",
+            step="send-approval",
+            cause="status-5xx",
+            updated_before="2026-12-04T09:30:00+01:00",
+        ),
+    )
+    assert [(a.action, a.outcome) for a in backend.audits] == [("list", "ok")] * 3
 
 
 @pytest.mark.parametrize(
@@ -440,6 +465,12 @@ async def test_list_scopes_non_operators_to_their_own_runs(
         "cursor=has%20space",
         "colour=blue",
         "state=held&state=failed",
+        "order=random",
+        "order=oldest&order=newest",
+        "step=Send_Approval",
+        "cause=bad-luck",
+        "updatedBefore=yesterday",
+        "updatedBefore=2026-12-04T09:30:00",
     ],
 )
 async def test_list_refuses_bad_parameters(

@@ -98,15 +98,35 @@ async def test_run_owner(backend: GrpcBackend) -> None:
 
 
 async def test_list_request_carries_the_scope(backend: GrpcBackend, stack: Stack) -> None:
-    document = await backend.list(ListQuery((WORKFLOW,), (ISSUER, "alice"), True, "held", 5, "c1"))
-    assert document == {"runs": [], "nextCursor": None}
+    document = await backend.list(
+        ListQuery(
+            (WORKFLOW,),
+            (ISSUER, "alice"),
+            True,
+            "held",
+            5,
+            "c1",
+            order="oldest",
+            step="send",
+            cause="status-5xx",
+            updated_before="2026-12-04T09:30:00Z",
+        )
+    )
+    assert document == {"runs": [], "nextCursor": None, "total": 0, "totalIsEstimate": False}
     sent = stack.recovery.requests[0]
     assert list(sent.workflows) == [WORKFLOW]
     assert sent.only_principal and (sent.principal_iss, sent.principal_sub) == (ISSUER, "alice")
     assert (sent.attention, sent.state, sent.limit, sent.cursor) == ("true", "held", 5, "c1")
+    assert (sent.order, sent.step, sent.cause, sent.updated_before) == (
+        "oldest",
+        "send",
+        "status-5xx",
+        "2026-12-04T09:30:00Z",
+    )
     await backend.list(ListQuery((WORKFLOW,), None, None, None, 20, None))
     operator = stack.recovery.requests[1]
     assert not operator.only_principal and operator.attention == ""
+    assert (operator.order, operator.step, operator.cause) == ("newest", "", "")
 
 
 async def test_operator_action_sends_the_typed_body(backend: GrpcBackend, stack: Stack) -> None:

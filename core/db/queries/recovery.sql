@@ -32,15 +32,17 @@ SELECT kind, reason, at
  LIMIT $2;
 
 -- name: recovery_run_list
--- Runs newest first by (created_at, id), as run_read shapes them.
+-- Runs newest first by (created_at, id), as run_read shapes them, with the step that
+-- needs attention. The general list; recovery_run_list_attention serves attention=true.
 -- $1 workflow_ids (text[]): the workflows the caller may see
 -- $2 attention (boolean, null): null for either
 -- $3 state (text, null): null for any
 -- $4 principal_iss (text, null): null for every principal
 -- $5 principal_sub (text, null): null for every principal
--- $6 after_created_at (timestamptz, null): the cursor's; null for the first page
--- $7 after_run_id (text, null): the cursor's; null for the first page
--- $8 limit (integer): how many
+-- $6 updated_before (timestamptz, null): null for any
+-- $7 after_at (timestamptz, null): the cursor's instant; null for the first page
+-- $8 after_run_id (text, null): the cursor's run id; null for the first page
+-- $9 limit (integer): how many
 -- returns: rows
 -- column id (text)
 -- column workflow_id (text)
@@ -58,19 +60,287 @@ SELECT kind, reason, at
 -- column created_at (timestamptz)
 -- column updated_at (timestamptz)
 -- column ended_at (timestamptz, null)
+-- column attention_since (timestamptz, null)
+-- column attention_step (text, null): the first step that needs attention
+-- column attention_cause (text, null): that step's cause, when it has one
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
-       r.created_at, r.updated_at, r.ended_at
+       r.created_at, r.updated_at, r.ended_at,
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
   FROM {{ns}}.run r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
+  LEFT JOIN LATERAL (
+        SELECT s.step_id, s.cause
+          FROM {{ns}}.step s
+         WHERE r.attention AND s.run_id = r.id
+           AND {{ns}}.step_wants_attention(s.state, s.cause)
+         ORDER BY s.seq
+         LIMIT 1) a ON true
  WHERE r.workflow_id = ANY ($1::text[])
    AND ($2::boolean IS NULL OR r.attention = $2::boolean)
    AND ($3::text IS NULL OR r.state = $3::text)
    AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
-   AND ($6::timestamptz IS NULL OR (r.created_at, r.id) < ($6::timestamptz, $7::text))
+   AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
+   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7::timestamptz, $8::text))
  ORDER BY r.created_at DESC, r.id DESC
- LIMIT $8;
+ LIMIT $9;
+
+-- name: recovery_run_list_oldest
+-- Runs oldest first by (created_at, id); otherwise recovery_run_list.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 attention (boolean, null): null for either
+-- $3 state (text, null): null for any
+-- $4 principal_iss (text, null): null for every principal
+-- $5 principal_sub (text, null): null for every principal
+-- $6 updated_before (timestamptz, null): null for any
+-- $7 after_at (timestamptz, null): the cursor's instant; null for the first page
+-- $8 after_run_id (text, null): the cursor's run id; null for the first page
+-- $9 limit (integer): how many
+-- returns: rows
+-- column id (text)
+-- column workflow_id (text)
+-- column workflow_version (text)
+-- column package_digest (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
+-- column state (text)
+-- column outcome (text, null)
+-- column attention (boolean)
+-- column cancelling (boolean)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz)
+-- column updated_at (timestamptz)
+-- column ended_at (timestamptz, null)
+-- column attention_since (timestamptz, null)
+-- column attention_step (text, null): the first step that needs attention
+-- column attention_cause (text, null): that step's cause, when it has one
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at,
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+  FROM {{ns}}.run r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest
+  LEFT JOIN LATERAL (
+        SELECT s.step_id, s.cause
+          FROM {{ns}}.step s
+         WHERE r.attention AND s.run_id = r.id
+           AND {{ns}}.step_wants_attention(s.state, s.cause)
+         ORDER BY s.seq
+         LIMIT 1) a ON true
+ WHERE r.workflow_id = ANY ($1::text[])
+   AND ($2::boolean IS NULL OR r.attention = $2::boolean)
+   AND ($3::text IS NULL OR r.state = $3::text)
+   AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
+   AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
+   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) > ($7::timestamptz, $8::text))
+ ORDER BY r.created_at, r.id
+ LIMIT $9;
+
+-- name: recovery_run_list_attention
+-- Runs that need attention, newest first by (created_at, id), walking run_attention: the
+-- attention condition is a literal so that the partial index serves every plan, generic
+-- ones included. The filter lines are recovery_run_count_attention's.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 state (text, null): null for any
+-- $3 principal_iss (text, null): null for every principal
+-- $4 principal_sub (text, null): null for every principal
+-- $5 updated_before (timestamptz, null): null for any
+-- $6 step (text, null): only runs whose step of this name needs attention
+-- $7 cause (text, null): only runs with a step that needs attention for this cause
+-- $8 after_at (timestamptz, null): the cursor's instant; null for the first page
+-- $9 after_run_id (text, null): the cursor's run id; null for the first page
+-- $10 limit (integer): how many
+-- returns: rows
+-- column id (text)
+-- column workflow_id (text)
+-- column workflow_version (text)
+-- column package_digest (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
+-- column state (text)
+-- column outcome (text, null)
+-- column attention (boolean)
+-- column cancelling (boolean)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz)
+-- column updated_at (timestamptz)
+-- column ended_at (timestamptz, null)
+-- column attention_since (timestamptz, null)
+-- column attention_step (text, null): the first step that needs attention
+-- column attention_cause (text, null): that step's cause, when it has one
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at,
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+  FROM {{ns}}.run r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest
+  LEFT JOIN LATERAL (
+        SELECT s.step_id, s.cause
+          FROM {{ns}}.step s
+         WHERE r.attention AND s.run_id = r.id
+           AND {{ns}}.step_wants_attention(s.state, s.cause)
+         ORDER BY s.seq
+         LIMIT 1) a ON true
+ WHERE r.attention
+   AND r.workflow_id = ANY ($1::text[])
+   AND ($2::text IS NULL OR r.state = $2::text)
+   AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
+   AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
+   AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
+         SELECT 1
+           FROM {{ns}}.step s
+          WHERE s.run_id = r.id
+            AND {{ns}}.step_wants_attention(s.state, s.cause)
+            AND ($6::text IS NULL OR s.step_id = $6::text)
+            AND ($7::text IS NULL OR s.cause = $7::text)))
+   AND ($8::timestamptz IS NULL OR (r.created_at, r.id) < ($8::timestamptz, $9::text))
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT $10;
+
+-- name: recovery_run_list_attention_oldest
+-- Runs that need attention, those waiting longest first: by (attention_since, id), walking
+-- run_attention_oldest; otherwise recovery_run_list_attention.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 state (text, null): null for any
+-- $3 principal_iss (text, null): null for every principal
+-- $4 principal_sub (text, null): null for every principal
+-- $5 updated_before (timestamptz, null): null for any
+-- $6 step (text, null): only runs whose step of this name needs attention
+-- $7 cause (text, null): only runs with a step that needs attention for this cause
+-- $8 after_at (timestamptz, null): the cursor's instant; null for the first page
+-- $9 after_run_id (text, null): the cursor's run id; null for the first page
+-- $10 limit (integer): how many
+-- returns: rows
+-- column id (text)
+-- column workflow_id (text)
+-- column workflow_version (text)
+-- column package_digest (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
+-- column state (text)
+-- column outcome (text, null)
+-- column attention (boolean)
+-- column cancelling (boolean)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz)
+-- column updated_at (timestamptz)
+-- column ended_at (timestamptz, null)
+-- column attention_since (timestamptz, null)
+-- column attention_step (text, null): the first step that needs attention
+-- column attention_cause (text, null): that step's cause, when it has one
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at,
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+  FROM {{ns}}.run r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest
+  LEFT JOIN LATERAL (
+        SELECT s.step_id, s.cause
+          FROM {{ns}}.step s
+         WHERE r.attention AND s.run_id = r.id
+           AND {{ns}}.step_wants_attention(s.state, s.cause)
+         ORDER BY s.seq
+         LIMIT 1) a ON true
+ WHERE r.attention
+   AND r.workflow_id = ANY ($1::text[])
+   AND ($2::text IS NULL OR r.state = $2::text)
+   AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
+   AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
+   AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
+         SELECT 1
+           FROM {{ns}}.step s
+          WHERE s.run_id = r.id
+            AND {{ns}}.step_wants_attention(s.state, s.cause)
+            AND ($6::text IS NULL OR s.step_id = $6::text)
+            AND ($7::text IS NULL OR s.cause = $7::text)))
+   AND ($8::timestamptz IS NULL OR (r.attention_since, r.id) > ($8::timestamptz, $9::text))
+ ORDER BY r.attention_since, r.id
+ LIMIT $10;
+
+-- name: recovery_run_count
+-- How many runs recovery_run_list would show over all its pages, counted up to counted_up_to
+-- and no further (recovery_run_estimates completes a count that reaches it). The order only
+-- steers the plan: walking run_newest under the LIMIT, never reading the table whole. It is
+-- planned for its values (session_plans_per_call), so a state or attention filter is
+-- served by its partial index.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 attention (boolean, null): null for either
+-- $3 state (text, null): null for any
+-- $4 principal_iss (text, null): null for every principal
+-- $5 principal_sub (text, null): null for every principal
+-- $6 updated_before (timestamptz, null): null for any
+-- $7 counted_up_to (integer)
+-- returns: value (bigint)
+SELECT count(*)
+  FROM (SELECT 1
+          FROM {{ns}}.run r
+ WHERE r.workflow_id = ANY ($1::text[])
+   AND ($2::boolean IS NULL OR r.attention = $2::boolean)
+   AND ($3::text IS NULL OR r.state = $3::text)
+   AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
+   AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
+         ORDER BY r.created_at DESC, r.id DESC
+         LIMIT $7) x;
+
+-- name: recovery_run_count_attention
+-- How many runs recovery_run_list_attention would show, counted up to counted_up_to.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 state (text, null): null for any
+-- $3 principal_iss (text, null): null for every principal
+-- $4 principal_sub (text, null): null for every principal
+-- $5 updated_before (timestamptz, null): null for any
+-- $6 step (text, null): only runs whose step of this name needs attention
+-- $7 cause (text, null): only runs with a step that needs attention for this cause
+-- $8 counted_up_to (integer)
+-- returns: value (bigint)
+SELECT count(*)
+  FROM (SELECT 1
+          FROM {{ns}}.run r
+ WHERE r.attention
+   AND r.workflow_id = ANY ($1::text[])
+   AND ($2::text IS NULL OR r.state = $2::text)
+   AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
+   AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
+   AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
+         SELECT 1
+           FROM {{ns}}.step s
+          WHERE s.run_id = r.id
+            AND {{ns}}.step_wants_attention(s.state, s.cause)
+            AND ($6::text IS NULL OR s.step_id = $6::text)
+            AND ($7::text IS NULL OR s.cause = $7::text)))
+         LIMIT $8) x;
+
+-- name: recovery_run_estimates
+-- PostgreSQL's own estimates, from the statistics ANALYZE (or autovacuum) last gathered:
+-- the run table's rows, the rows of run_attention (the runs that need attention), and the
+-- most common states with their frequencies. They complete the runs per state of doctor
+-- and the metrics, and a list's total, past the exact counts.
+-- returns: row
+-- column rows (float8): pg_class.reltuples of run
+-- column attention_rows (float8): pg_class.reltuples of run_attention
+-- column states (text[], null): null before the first ANALYZE
+-- column frequencies (float8[], null): null before the first ANALYZE
+SELECT c.reltuples::float8 AS rows,
+       (SELECT i.reltuples::float8 FROM pg_catalog.pg_class i
+         WHERE i.oid = '{{ns}}.run_attention'::regclass) AS attention_rows,
+       s.most_common_vals::text::text[] AS states,
+       s.most_common_freqs::float8[] AS frequencies
+  FROM pg_catalog.pg_class c
+  LEFT JOIN pg_catalog.pg_stats s
+         ON s.schemaname = (SELECT n.nspname FROM pg_catalog.pg_namespace n
+                             WHERE n.oid = c.relnamespace)
+        AND s.tablename = 'run' AND s.attname = 'state'
+ WHERE c.oid = '{{ns}}.run'::regclass;
 
 -- name: recovery_doctor
 -- One row for the doctor report: schema version, databaseId, activation serial, holds, and
@@ -109,7 +379,7 @@ SELECT connection, error FROM {{ns}}.token_refusal ORDER BY connection;
 -- count walks run_live or run_ended under its state and stops there, so it costs the same
 -- at a million runs. (Each state is a literal: a partial index is only used for a
 -- condition that names its states.) A count that reaches $1 is completed from
--- recovery_run_state_estimates.
+-- recovery_run_estimates.
 -- $1 counted_up_to (integer)
 -- returns: row
 -- column running (bigint)
@@ -130,21 +400,3 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'running' L
            AS failed,
        (SELECT count(*) FROM (SELECT 1 FROM {{ns}}.run WHERE state = 'cancelled' LIMIT $1) x)
            AS cancelled;
-
--- name: recovery_run_state_estimates
--- PostgreSQL's own estimate of the runs per state, from the statistics ANALYZE (or
--- autovacuum) last gathered: the table's row count and the most common values of state
--- with their frequencies. Null arrays before the table was first analysed.
--- returns: row
--- column rows (float8): pg_class.reltuples
--- column states (text[], null): null before the first ANALYZE
--- column frequencies (float8[], null): null before the first ANALYZE
-SELECT c.reltuples::float8 AS rows,
-       s.most_common_vals::text::text[] AS states,
-       s.most_common_freqs::float8[] AS frequencies
-  FROM pg_catalog.pg_class c
-  LEFT JOIN pg_catalog.pg_stats s
-         ON s.schemaname = (SELECT n.nspname FROM pg_catalog.pg_namespace n
-                             WHERE n.oid = c.relnamespace)
-        AND s.tablename = 'run' AND s.attname = 'state'
- WHERE c.oid = '{{ns}}.run'::regclass;

@@ -23,3 +23,10 @@ SELECT current_user::text;
 -- $1 role (text)
 -- returns: status
 SELECT set_config('role', $1, false);
+
+-- name: session_plans_per_call
+-- Plan each statement of the rest of the transaction for its parameters' values
+-- (plan_cache_mode force_custom_plan), never with a generic plan: for a statement whose
+-- filters are optional (an operator's list), the values decide which index serves it.
+-- returns: status
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true);
