@@ -27,7 +27,6 @@ processed or sent twice, every held run shows why, the audit chain verifies.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 
 import pytest
@@ -58,12 +57,6 @@ IN_FLIGHT: Final = 3
 ALWAYS: Final = ("duplicated: ", "held without a reason: ", "unknown effect", "audit chain")
 """Invariants that hold even when a failover lost acknowledged writes (a lost run whose
 command the product processed is an orphan effect there: reported, not forbidden)."""
-
-
-@pytest.fixture
-def cluster() -> Iterator[HaCluster]:
-    with ha_cluster(synchronous=True) as made:
-        yield made
 
 
 def _other(cluster: HaCluster, node: Node) -> Node:

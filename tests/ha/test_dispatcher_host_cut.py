@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 
 import pytest
 
 from devstack.stack import wait_until
 from tests.helpers.faults import CALL_STEP, LEASE_SECONDS, WAIT_SECONDS, FaultStack
-from tests.helpers.ha_cluster import HaCluster, ha_cluster
+from tests.helpers.ha_cluster import HaCluster
 from tests.helpers.ha_spread import TRUST_ENV, database_on, dispatcher_host, spread_stack
 from tests.helpers.load_kit import (
     LoadDriver,
@@ -50,12 +49,6 @@ FLOW_RUNS: Final = 15
 IN_FLIGHT: Final = 3
 """Calls the stand-in processed and holds the answers of when the host is cut off."""
 FENCED: Final = re.compile(r"step (\S+) of run (\S+): the lease was lost; nothing is recorded")
-
-
-@pytest.fixture
-def cluster() -> Iterator[HaCluster]:
-    with ha_cluster(synchronous=True) as made:
-        yield made
 
 
 def _leased(stack: FaultStack) -> dict[str, str]:

@@ -15,12 +15,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
 import asyncpg
-import pytest
 
 from core.db.connect import client_ssl_context, connect, serving_host
 from tests.helpers.ha_cluster import (
@@ -29,17 +27,10 @@ from tests.helpers.ha_cluster import (
     HaCluster,
     HaError,
     Node,
-    ha_cluster,
 )
 
 LOAD: Final = 300
 """Writes acknowledged before a fault, and again after it, before a drill goes on."""
-
-
-@pytest.fixture
-def cluster() -> Iterator[HaCluster]:
-    with ha_cluster(synchronous=True) as made:
-        yield made
 
 
 _BROKEN = (

@@ -25,6 +25,7 @@ activation's live-run checks): :data:`WHOLE_TABLE` names each with the reason it
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -292,13 +293,11 @@ step's row version where a dispatcher names its lease; a change of "run" acts on
 alone."""
 
 
-async def nested_plans(
-    conn: asyncpg.Connection, sql: str, arguments: tuple[object, ...]
-) -> tuple[list[dict[str, Any]], object]:
-    """The plans of every statement a transition function runs for ``sql``, each planned as
-    the function's cached plan would be on a pooled connection (generic), read back from
-    auto_explain (which only a superuser may load: ``conn`` is one), with the outcome the
-    call answered; the transaction is rolled back, so nothing changes."""
+@contextlib.asynccontextmanager
+async def explained(conn: asyncpg.Connection, *settings: str) -> AsyncIterator[list[Any]]:
+    """A transaction on ``conn`` in which auto_explain (which only a superuser may load:
+    ``conn`` is one) reports the plan of every statement, nested ones included, as JSON; it
+    yields the list the plans arrive in, and is rolled back, so nothing changes."""
     plans: list[dict[str, Any]] = []
 
     def heard(_conn: object, message: Any) -> None:
@@ -317,13 +316,23 @@ async def nested_plans(
             "SET LOCAL auto_explain.log_format = json",
             "SET LOCAL auto_explain.log_level = notice",
             "SET LOCAL client_min_messages = notice",
-            "SET LOCAL plan_cache_mode = force_generic_plan",
+            *settings,
         ):
             await conn.execute(setting)
-        row = await conn.fetchrow(sql, *arguments)
+        yield plans
     finally:
         await transaction.rollback()
         conn.remove_log_listener(heard)
+
+
+async def nested_plans(
+    conn: asyncpg.Connection, sql: str, arguments: tuple[object, ...]
+) -> tuple[list[dict[str, Any]], object]:
+    """The plans of every statement a transition function runs for ``sql``, each planned as
+    the function's cached plan would be on a pooled connection (generic), with the outcome
+    the call answered (see :func:`explained`)."""
+    async with explained(conn, "SET LOCAL plan_cache_mode = force_generic_plan") as plans:
+        row = await conn.fetchrow(sql, *arguments)
     return plans, None if row is None else dict(row).get("outcome")
 
 
@@ -405,32 +414,12 @@ LIST_FILTERS: dict[str, dict[str, Any]] = {
 
 async def listed_plans(conn: asyncpg.Connection, namespace: str, wanted: Any) -> list[Any]:
     """The plans of the statements a list request runs (its page and its total), planned as
-    reads.list_runs has them planned: for their values. Read back from auto_explain, as
-    :func:`nested_plans` does."""
-    plans: list[dict[str, Any]] = []
-
-    def heard(_conn: object, message: Any) -> None:
-        text = str(message.message)
-        if "plan:" in text:
-            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
-
-    conn.add_log_listener(heard)
-    try:
-        async with conn.transaction(readonly=True):
-            for setting in (
-                "LOAD 'auto_explain'",
-                "SET LOCAL auto_explain.log_min_duration = 0",
-                "SET LOCAL auto_explain.log_format = json",
-                "SET LOCAL auto_explain.log_level = notice",
-                "SET LOCAL client_min_messages = notice",
-            ):
-                await conn.execute(setting)
-            await statements.session_plans_per_call(conn)
-            queries = Statements(namespace)
-            await reads._page(conn, queries, wanted)
-            await reads._total(conn, queries, wanted)
-    finally:
-        conn.remove_log_listener(heard)
+    reads.list_runs has them planned: for their values (see :func:`explained`)."""
+    async with explained(conn) as plans:
+        await statements.session_plans_per_call(conn)
+        queries = Statements(namespace)
+        await reads._page(conn, queries, wanted)
+        await reads._total(conn, queries, wanted)
     return plans
 
 
