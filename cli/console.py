@@ -2,7 +2,8 @@
 
 The console is a Starlette application that ``coordinatorctl`` serves on ``127.0.0.1``. It
 renders HTML on the server from what the coordinator's API answers the operator's token:
-the runs that need an operator (``GET /v1/runs?attention=true`` and each one's inspection),
+the runs that need an operator, the longest waiting first (one ``GET /v1/runs?attention=true
+&order=oldest`` a page: each entry names the step that needs attention and why),
 one run's inspection with its workflow drawn, the doctor report, and the three run actions
 (reconcile, retry-same, cancel). The gateway gains nothing: the console is one more API
 client, like the other commands, and the token never reaches the browser.
@@ -27,7 +28,6 @@ RFC 9457 problem as it came: its code, title, status and detail.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 import httpx
 import jinja2
@@ -72,8 +72,12 @@ KEY_PARAMETER: Final = "key"
 FORMS: Final = tuple(action.name for action in operator_actions(RUN) if action.form)
 """The actions the run page offers as forms (core/actions.py)."""
 ATTENTION_PAGE: Final = 50
-"""Runs per attention page; each costs one inspection call."""
-CONCURRENT_CALLS: Final = 8
+"""Runs per attention page (one API call a page)."""
+FIRST: Final = "-"
+"""The first page in the attention list's trail (a cursor is never a lone ``-``)."""
+TRAIL_LIMIT: Final = 200
+"""The most earlier pages the attention list remembers for "Previous page" (its cursors
+travel in the page's own address)."""
 FORM_LIMIT: Final = 8192
 """The largest form body the console reads (a reference is at most 128 characters)."""
 ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
@@ -272,42 +276,22 @@ def cause_text(step: Mapping[str, Any]) -> str:
     return text
 
 
-def reason(status: Mapping[str, Any], inspection: Mapping[str, Any] | None) -> str:
-    """Why a run needs an operator, from its status and inspection."""
-    steps: list[Mapping[str, Any]] = list((inspection or {}).get("steps") or [])
-    for step in reversed(steps):
-        state = step.get("state")
-        if state == "uncertain":
-            return f"{step.get('step')}: effect unknown ({cause_text(step)})"
-        if state == "not-sent":
-            return (
-                f"{step.get('step')}: the product never saw the command; retry-same may resend it"
-            )
-        if step.get("cause") in ("token-refused", "tls-refused"):
-            return f"{step.get('step')}: {CAUSES[str(step['cause'])]}"
-    holds = (inspection or {}).get("holds") or {}
-    if holds.get("execution"):
-        return "the execution hold stops dispatch"
-    failure = status.get("failure")
+def reason(entry: Mapping[str, Any]) -> str:
+    """Why a run needs an operator, from its list entry (its status and ``attentionStep``):
+    a step whose effect is unknown says how the answer went missing; one that sent nothing
+    says what stands in the way; one without a cause is a command the product never saw."""
+    step = entry.get("attentionStep")
+    if isinstance(step, Mapping):
+        name, cause = step.get("step"), step.get("cause")
+        if cause in ("token-refused", "tls-refused"):
+            return f"{name}: {CAUSES[str(cause)]}"
+        if cause:
+            return f"{name}: effect unknown ({cause_text(step)})"
+        return f"{name}: the product never saw the command; retry-same may resend it"
+    failure = entry.get("failure")
     if isinstance(failure, dict):
         return f"failed: {failure.get('kind')} at {failure.get('step')}"
     return "needs an operator"
-
-
-def attention_order(entry: Mapping[str, Any]) -> tuple[int, str]:
-    """Held runs with an unknown effect first, then other held runs, then the rest; the
-    longest waiting first within each (``entry``: a run's status document and its
-    inspection's steps, from the API)."""
-    status = entry["status"]
-    unknown = any(s.get("effect") == "unknown" for s in entry["steps"])
-    rank = (
-        0
-        if status.get("state") == "held" and unknown
-        else 1
-        if status.get("state") == "held"
-        else 2
-    )
-    return rank, str(status.get("updatedAt") or "")
 
 
 def current_step(steps: Sequence[Mapping[str, Any]], state: str) -> str | None:
@@ -430,45 +414,46 @@ class Console:
     # ---- the pages
 
     async def attention(self, request: Request, session: str) -> Response:
-        params = {"attention": "true", "limit": str(ATTENTION_PAGE)}
-        cursor = request.query_params.get("cursor")
+        params = {"attention": "true", "order": "oldest", "limit": str(ATTENTION_PAGE)}
+        cursor = request.query_params.get("cursor") or ""
+        # The pages before this one, each by its cursor (FIRST for the first page), oldest
+        # first: the API pages forward only, so the way back travels in the address.
+        trail = [c for c in (request.query_params.get("trail") or "").split(".") if c]
         if cursor:
             params["cursor"] = cursor
         try:
             listing = await self.api.call("GET", "/v1/runs", params=params)
         except Refused as refused:
             return self.problem_page(refused.problem, session, "Runs that need an operator")
-        runs: list[dict[str, Any]] = list(listing.get("runs") or [])
-        inspections = await self._inspections([str(r.get("runId")) for r in runs])
         now = clock.now()
-        rows = [
-            {
-                "status": run,
-                "steps": list((inspection or {}).get("steps") or []),
-                "reason": reason(run, inspection),
-                "age": age(run.get("updatedAt"), now),
-            }
-            for run, inspection in zip(runs, inspections, strict=True)
-        ]
-        rows.sort(key=attention_order)
+        rows = []
+        for run in listing.get("runs") or []:
+            since = (run.get("attentionStep") or {}).get("since")
+            rows.append(
+                {"status": run, "reason": reason(run), "since": since, "age": age(since, now)}
+            )
+        next_link = previous_link = None
+        if listing.get("nextCursor"):
+            forward = [*trail, cursor or FIRST][-TRAIL_LIMIT:]
+            query = {"cursor": listing["nextCursor"], "trail": ".".join(forward)}
+            next_link = "/?" + urlencode(query)
+        if trail:
+            query = {}
+            if trail[-1] != FIRST:
+                query["cursor"] = trail[-1]
+            if trail[:-1]:
+                query["trail"] = ".".join(trail[:-1])
+            previous_link = "/" + ("?" + urlencode(query) if query else "")
         return self.page(
-            "attention.html", session, rows=rows, next_cursor=listing.get("nextCursor")
+            "attention.html",
+            session,
+            rows=rows,
+            total=listing.get("total", len(rows)),
+            estimated=bool(listing.get("totalIsEstimate")),
+            first=len(trail) * ATTENTION_PAGE + 1,
+            next_link=next_link,
+            previous_link=previous_link,
         )
-
-    async def _inspections(self, run_ids: Sequence[str]) -> list[dict[str, Any] | None]:
-        gate = asyncio.Semaphore(CONCURRENT_CALLS)
-
-        async def one(run_id: str) -> dict[str, Any] | None:
-            async with gate:
-                try:
-                    found: dict[str, Any] = await self.api.call(
-                        "GET", ACTIONS["inspect"].path(runId=run_id)
-                    )
-                except Refused:
-                    return None  # ended or erased meanwhile: the row shows the status alone
-                return found
-
-        return list(await asyncio.gather(*(one(r) for r in run_ids)))
 
     async def run(
         self,

@@ -55,6 +55,8 @@ def status_message(document: Mapping[str, Any]) -> pb.RunStatus:
         message.attention_step.since = attention_step["since"]
         if "cause" in attention_step:
             message.attention_step.cause = attention_step["cause"]
+        if "causeStatus" in attention_step:
+            message.attention_step.cause_status = attention_step["causeStatus"]
     return message
 
 
@@ -86,6 +88,8 @@ def status_document(message: pb.RunStatus) -> dict[str, Any]:
         shown: dict[str, Any] = {"step": step.step}
         if step.HasField("cause"):
             shown["cause"] = step.cause
+        if step.HasField("cause_status"):
+            shown["causeStatus"] = step.cause_status
         shown["since"] = step.since
         document["attentionStep"] = shown
     return document

@@ -325,6 +325,8 @@ def _entry(row: Any) -> dict[str, Any]:
         step: dict[str, Any] = {"step": row.attention_step}
         if row.attention_cause is not None:
             step["cause"] = row.attention_cause
+            if row.attention_cause_status is not None:
+                step["causeStatus"] = row.attention_cause_status
         step["since"] = timestamp(row.attention_since)
         document["attentionStep"] = step
     return document

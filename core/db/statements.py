@@ -508,6 +508,8 @@ class RecoveryRunListRow:
     """The first step that needs attention."""
     attention_cause: str | None
     """That step's cause, when it has one."""
+    attention_cause_status: int | None
+    """With status-5xx, the product's status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,6 +537,8 @@ class RecoveryRunListAttentionRow:
     """The first step that needs attention."""
     attention_cause: str | None
     """That step's cause, when it has one."""
+    attention_cause_status: int | None
+    """With status-5xx, the product's status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,6 +566,8 @@ class RecoveryRunListAttentionOldestRow:
     """The first step that needs attention."""
     attention_cause: str | None
     """That step's cause, when it has one."""
+    attention_cause_status: int | None
+    """With status-5xx, the product's status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,6 +595,8 @@ class RecoveryRunListOldestRow:
     """The first step that needs attention."""
     attention_cause: str | None
     """That step's cause, when it has one."""
+    attention_cause_status: int | None
+    """With status-5xx, the product's status."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,24 +224,33 @@ class RunStatus(_message.Message):
         STEP_FIELD_NUMBER: _builtins.int
         CAUSE_FIELD_NUMBER: _builtins.int
         SINCE_FIELD_NUMBER: _builtins.int
+        CAUSE_STATUS_FIELD_NUMBER: _builtins.int
         step: _builtins.str
         cause: _builtins.str
         since: _builtins.str
         """When the run's attention began (RFC 3339)."""
+        cause_status: _builtins.int
+        """With cause status-5xx: the status the product answered."""
         def __init__(
             self,
             *,
             step: _builtins.str = ...,
             cause: _builtins.str | None = ...,
             since: _builtins.str = ...,
+            cause_status: _builtins.int | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "cause", b"cause"]  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "cause", b"cause", "cause_status", b"cause_status"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "cause", b"cause", "since", b"since", "step", b"step"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "cause", b"cause", "cause_status", b"cause_status", "since", b"since", "step", b"step"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         _WhichOneofReturnType__cause: _TypeAlias = _typing.Literal["cause"]  # noqa: Y015
         _WhichOneofArgType__cause: _TypeAlias = _typing.Literal["_cause", b"_cause"]  # noqa: Y015
+        _WhichOneofReturnType__cause_status: _TypeAlias = _typing.Literal["cause_status"]  # noqa: Y015
+        _WhichOneofArgType__cause_status: _TypeAlias = _typing.Literal["_cause_status", b"_cause_status"]  # noqa: Y015
+        @_typing.overload
         def WhichOneof(self, oneof_group: _WhichOneofArgType__cause) -> _WhichOneofReturnType__cause | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__cause_status) -> _WhichOneofReturnType__cause_status | None: ...
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     WORKFLOW_FIELD_NUMBER: _builtins.int

@@ -255,7 +255,13 @@ async def test_the_attention_list_oldest_first_is_by_when_attention_began(env: S
     assert oldest["runs"][0]["attentionStep"] == {
         "step": "call-notices",
         "cause": "status-5xx",
+        "causeStatus": 503,
         "since": "2030-01-01T08:00:00.000Z",
+    }
+    assert oldest["runs"][1]["attentionStep"] == {
+        "step": "call-notices",
+        "cause": "lease-expired",
+        "since": "2030-01-01T09:00:00.000Z",
     }
     newest = await listing(env, attention="true")
     assert _ids(newest) == [runs[3], runs[2], runs[0]]

@@ -118,6 +118,8 @@ class FakeApi:
 
     sent: list[tuple[str, str, dict[str, Any] | None, str]] = field(default_factory=list)
     refuse_with: httpx.Response | None = None
+    listed: list[dict[str, str]] = field(default_factory=list)
+    """The query of each list request."""
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
@@ -126,9 +128,16 @@ class FakeApi:
         )
         path = request.url.path
         if path == "/v1/runs":
-            order = [WAITING, HELD]  # newest first, as the API lists them
-            runs = [{k: v for k, v in _inspection(r).items() if k in _STATUS_KEYS} for r in order]
-            return httpx.Response(200, json={"runs": runs, "nextCursor": None})
+            self.listed.append(dict(request.url.params))
+            runs = [_entry(r) for r in (HELD, WAITING)]  # the longest waiting first
+            cursor = request.url.params.get("cursor")
+            # The first page holds HELD; the next one WAITING.
+            page: dict[str, Any] = (
+                {"runs": runs[:1], "nextCursor": "c-2"}
+                if cursor is None
+                else {"runs": runs[1:], "nextCursor": None}
+            )
+            return httpx.Response(200, json={**page, "total": 2, "totalIsEstimate": False})
         match = re.fullmatch(r"/v1/runs/([^/]+)/inspection", path)
         if match:
             if match.group(1) not in (HELD, WAITING):
@@ -145,6 +154,21 @@ class FakeApi:
 
 
 _STATUS_KEYS = frozenset({"runId", "workflow", "state", "attention", "createdAt", "updatedAt"})
+
+
+def _entry(run_id: str) -> dict[str, Any]:
+    """The run's list entry: its status and the step that needs attention, as the API
+    lists runs that need it."""
+    inspection = _inspection(run_id)
+    step = inspection["steps"][-1]
+    shown = {"step": step["step"], "cause": step["cause"]}
+    if "causeStatus" in step:
+        shown["causeStatus"] = step["causeStatus"]
+    shown["since"] = step["startedAt"]
+    status = {k: v for k, v in inspection.items() if k in _STATUS_KEYS}
+    return {**status, "attentionStep": shown}
+
+
 _DOCTOR = {
     "activationReady": True,
     "schemaVersion": 4,
@@ -249,17 +273,30 @@ async def test_every_answer_carries_the_strict_policy(
 # ------------------------------------------------------------------------------ pages
 
 
-async def test_the_attention_list_puts_the_held_run_with_an_unknown_effect_first(
+async def test_the_attention_list_is_the_longest_waiting_first_one_call_a_page_both_ways(
     client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
 ) -> None:
     await _open(client, settings)
-    page = (await client.get("/")).text
-    assert page.index(HELD) < page.index(WAITING)
-    assert "send-approval: effect unknown (the product answered 502)" in page
-    assert "the issuer refused the connection&#39;s token" in page
+    first = (await client.get("/")).text
+    assert HELD in first and WAITING not in first
+    assert "send-approval: effect unknown (the product answered 502)" in first
+    assert "2 runs need an operator, the longest waiting first: 1 to 1 shown" in first
+    assert fake.listed == [{"attention": "true", "order": "oldest", "limit": "50"}]
+    # One call a page: no inspection of each run.
+    assert [path for _, path, *_ in fake.sent] == ["/v1/runs"]
+    assert 'href="/?cursor=c-2&amp;trail=-" rel="next"' in first
+    assert "Previous page" not in first
+
+    second = (await client.get("/?cursor=c-2&trail=-")).text
+    assert WAITING in second and HELD not in second
+    assert "the issuer refused the connection&#39;s token" in second
+    assert ": 51 to 51 shown" in second
+    assert fake.listed[-1]["cursor"] == "c-2"
+    assert 'href="/" rel="prev">Previous page' in second
+    assert "Next page" not in second
     # The token goes to the API, never into a page.
     assert all(auth == "Bearer operator-token-value" for *_, auth in fake.sent)
-    assert "operator-token-value" not in page
+    assert "operator-token-value" not in first + second
 
 
 async def test_the_run_page_shows_steps_effects_waits_and_the_path_drawn(
@@ -416,6 +453,29 @@ def test_packages_are_found_in_a_package_folder_or_a_folder_of_them(tmp_path: Pa
 
 @pytest.mark.parametrize("cause", ["token-refused", "tls-refused"])
 def test_a_step_that_sent_nothing_says_why_in_words(cause: str) -> None:
-    inspection = {"steps": [{"step": "send", "type": "call", "state": "ready", "cause": cause}]}
-    said = web.reason({"state": "running", "attention": True}, inspection)
-    assert said == f"send: {web.CAUSES[cause]}"
+    entry = {
+        "state": "running",
+        "attention": True,
+        "attentionStep": {"step": "send", "cause": cause},
+    }
+    assert web.reason(entry) == f"send: {web.CAUSES[cause]}"
+
+
+def test_each_kind_of_attention_is_said_in_words() -> None:
+    def said(step: dict[str, Any] | None, **status: Any) -> str:
+        entry: dict[str, Any] = {"state": "held", "attention": True, **status}
+        if step is not None:
+            entry["attentionStep"] = {"since": "2027-01-05T09:00:00.000Z", **step}
+        return web.reason(entry)
+
+    assert said({"step": "send", "cause": "status-5xx", "causeStatus": 503}) == (
+        "send: effect unknown (the product answered 503)"
+    )
+    assert said({"step": "send", "cause": "lease-expired"}) == (
+        "send: effect unknown (the dispatcher sending it stopped)"
+    )
+    assert said({"step": "send"}) == (
+        "send: the product never saw the command; retry-same may resend it"
+    )
+    assert said(None, failure={"kind": "refused", "step": "send"}) == "failed: refused at send"
+    assert said(None) == "needs an operator"

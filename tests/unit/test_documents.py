@@ -70,6 +70,8 @@ def _needing_attention(cause: str | None) -> dict[str, Any]:
     step: dict[str, Any] = {"step": "send"}
     if cause is not None:
         step["cause"] = cause
+        if cause == "status-5xx":
+            step["causeStatus"] = 502
     step["since"] = "2026-12-04T09:30:00.000Z"
     document["attentionStep"] = step
     return document

@@ -63,15 +63,17 @@ SELECT kind, reason, at
 -- column attention_since (timestamptz, null)
 -- column attention_step (text, null): the first step that needs attention
 -- column attention_cause (text, null): that step's cause, when it has one
+-- column attention_cause_status (integer, null): with status-5xx, the product's status
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
        r.created_at, r.updated_at, r.ended_at,
-       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
+       a.cause_status AS attention_cause_status
   FROM {{ns}}.run r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
-        SELECT s.step_id, s.cause
+        SELECT s.step_id, s.cause, s.cause_status
           FROM {{ns}}.step s
          WHERE r.attention AND s.run_id = r.id
            AND {{ns}}.step_wants_attention(s.state, s.cause)
@@ -117,15 +119,17 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- column attention_since (timestamptz, null)
 -- column attention_step (text, null): the first step that needs attention
 -- column attention_cause (text, null): that step's cause, when it has one
+-- column attention_cause_status (integer, null): with status-5xx, the product's status
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
        r.created_at, r.updated_at, r.ended_at,
-       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
+       a.cause_status AS attention_cause_status
   FROM {{ns}}.run r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
-        SELECT s.step_id, s.cause
+        SELECT s.step_id, s.cause, s.cause_status
           FROM {{ns}}.step s
          WHERE r.attention AND s.run_id = r.id
            AND {{ns}}.step_wants_attention(s.state, s.cause)
@@ -174,15 +178,17 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- column attention_since (timestamptz, null)
 -- column attention_step (text, null): the first step that needs attention
 -- column attention_cause (text, null): that step's cause, when it has one
+-- column attention_cause_status (integer, null): with status-5xx, the product's status
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
        r.created_at, r.updated_at, r.ended_at,
-       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
+       a.cause_status AS attention_cause_status
   FROM {{ns}}.run r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
-        SELECT s.step_id, s.cause
+        SELECT s.step_id, s.cause, s.cause_status
           FROM {{ns}}.step s
          WHERE r.attention AND s.run_id = r.id
            AND {{ns}}.step_wants_attention(s.state, s.cause)
@@ -237,15 +243,17 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- column attention_since (timestamptz, null)
 -- column attention_step (text, null): the first step that needs attention
 -- column attention_cause (text, null): that step's cause, when it has one
+-- column attention_cause_status (integer, null): with status-5xx, the product's status
 SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
        r.failure_kind, r.failure_path, r.failure_step,
        r.created_at, r.updated_at, r.ended_at,
-       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
+       a.cause_status AS attention_cause_status
   FROM {{ns}}.run r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
-        SELECT s.step_id, s.cause
+        SELECT s.step_id, s.cause, s.cause_status
           FROM {{ns}}.step s
          WHERE r.attention AND s.run_id = r.id
            AND {{ns}}.step_wants_attention(s.state, s.cause)
