@@ -1,5 +1,5 @@
 """The bench's arithmetic and its printed report: percentiles, the medians of repeated
-phases, the goals of issues 11 and 24 with their verdicts, and the text ``make bench``
+phases, the goals of issues 11, 24 and 41 with their verdicts, and the text ``make bench``
 prints.
 
 Everything here is a pure function of numbers or of the results document that
@@ -33,6 +33,9 @@ SCALE_BUFFER_SLACK = 10
 # share of the burst before seeding, and start -> first command keeps the latency goal.
 GOAL_SCALE_WAITING = 1_000_000
 GOAL_SCALE_BURST_SHARE = 0.80
+# Issue 41 item 1: among 1,000,000 waiting runs and 10,000 held, one page of GET /v1/runs
+# answers within this many ms at the API, for every filter (judged on each median).
+GOAL_LIST_MS = 50.0
 
 # What the report shows of the server's settings (SHOW), in this order.
 POSTGRES_SETTINGS = (
@@ -291,6 +294,48 @@ def scale_goals(scale: Mapping[str, Any] | None) -> list[Goal]:
     return found
 
 
+def list_entries(listed: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every filter and limit of the run list at scale, over every round."""
+    return [entry for found in listed["rounds"] for entry in found["filters"]]
+
+
+def list_slowest(listed: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The entry with the largest median of the run list at scale (None: none measured)."""
+    timed = [entry for entry in list_entries(listed) if entry["ms"] is not None]
+    return max(timed, key=lambda entry: float(entry["ms"]["median"])) if timed else None
+
+
+def list_ok(listed: Mapping[str, Any]) -> bool:
+    """Every filter answered right, each page's median within :data:`GOAL_LIST_MS`."""
+    entries = list_entries(listed)
+    return bool(entries) and all(
+        entry["failure"] is None and float(entry["ms"]["median"]) <= GOAL_LIST_MS
+        for entry in entries
+    )
+
+
+def list_goals(scale: Mapping[str, Any] | None) -> list[Goal]:
+    """The run list's goal (issue 41 item 1), when the bench measured it: every filter at
+    every limit, in both rounds, answered right with a median within :data:`GOAL_LIST_MS`.
+    The figure shown is the slowest median, or how many answers were wrong."""
+    listed = (scale or {}).get("list_at_scale")
+    if not listed:
+        return []
+    failed = sum(1 for entry in list_entries(listed) if entry["failure"] is not None)
+    slowest = list_slowest(listed)
+    achieved = "-" if slowest is None else f"{float(slowest['ms']['median']):.1f}"
+    return [
+        Goal(
+            "scale_list",
+            f"{int(listed['waiting_runs']):,} waiting + {int(listed['held']['runs']):,} held: "
+            "list page median, ms",
+            f"{failed} wrong" if failed else achieved,
+            f"<= {GOAL_LIST_MS:.0f} every filter",
+            list_ok(listed),
+        )
+    ]
+
+
 def goals(results: Mapping[str, Any]) -> list[Goal]:
     """Every goal of issue 11, judged on the medians, and the scale phase's (issues 11 and
     24) for each size it seeded."""
@@ -343,7 +388,7 @@ def goals(results: Mapping[str, Any]) -> list[Goal]:
             all(x["peak_mib"] <= GOAL_RSS_MIB for x in components) if components else None,
         ),
     ]
-    return found + scale_goals(results.get("scale"))
+    return found + scale_goals(results.get("scale")) + list_goals(results.get("scale"))
 
 
 SCALE_SUMMARY = ("scale_burst", "scale_rss", "scale_claim", "scale", "scale_rate", "scale_latency")
@@ -462,7 +507,7 @@ def served_line(results: Mapping[str, Any]) -> str | None:
 
 
 def _goal_table(results: Mapping[str, Any]) -> list[str]:
-    lines = ["", _row("goal (issues 11 and 24)", "achieved", "goal", ""), "-" * RULE]
+    lines = ["", _row("goal (issues 11, 24 and 41)", "achieved", "goal", ""), "-" * RULE]
     lines += [_row(g.label, g.achieved, g.target, verdict(g.ok)) for g in goals(results)]
     return lines
 
@@ -610,6 +655,75 @@ def _scale(results: Mapping[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
+LIST_LABEL = 44
+
+
+def _list_cell(entry: Mapping[str, Any]) -> str:
+    if entry["failure"] is not None:
+        return "WRONG"
+    return f"{entry['ms']['median']:.1f} / {entry['ms']['max']:.1f}"
+
+
+def _list_total(entry: Mapping[str, Any]) -> str:
+    if entry["total"] is None:
+        return "-"
+    if entry["total_is_estimate"]:
+        return f"~{int(entry['total']):,} of {int(entry['expected_total']):,}"
+    return f"{int(entry['total']):,}"
+
+
+def _list_at_scale(results: Mapping[str, Any]) -> list[str]:
+    """The run list at scale: per filter and limit, median / max ms in each round and the
+    totals answered (a wrong answer shows WRONG, and its reason under the table)."""
+    listed = (results.get("scale") or {}).get("list_at_scale")
+    if not listed:
+        return []
+    held = listed["held"]
+    rounds = listed["rounds"]
+    lines = [
+        "",
+        f"run list at scale: GET /v1/runs among {int(listed['waiting_runs']):,} waiting and "
+        f"{int(held['runs']):,} held runs, operator token, one connection",
+        f"  held runs (seeded in {held['seconds']:.1f} s): {listed['shape']}",
+        f"  each page: one call checked against SQL, then {listed['calls']} timed; median / max "
+        "ms; total as answered (~: an estimate, of the real count)",
+        (
+            f"{'filter':<{LIST_LABEL}}{'limit':>6}"
+            + "".join(f"{r['statistics'] + ' stats':>22}" for r in rounds)
+            + "  total"
+        ),
+    ]
+    failures: list[str] = []
+    for i, first in enumerate(rounds[0]["filters"]):
+        same = [r["filters"][i] for r in rounds]
+        totals = list(dict.fromkeys(_list_total(entry) for entry in same))
+        lines.append(
+            (
+                f"{'  ' + first['filter']:<{LIST_LABEL}}{first['limit']:>6}"
+                + "".join(f"{_list_cell(entry):>22}" for entry in same)
+                + "  "
+                + " / ".join(totals)
+            ).rstrip()
+        )
+        failures += [
+            f"  WRONG ({r['statistics']} stats): {entry['filter']}, limit {entry['limit']}: "
+            f"{entry['failure']}"
+            for r, entry in zip(rounds, same, strict=True)
+            if entry["failure"] is not None
+        ]
+    notes = []
+    for r in rounds:
+        if "analysed_tables" in r:
+            how = (
+                f"after ANALYZE of {', '.join(r['analysed_tables'])} ({r['analyse_seconds']:.1f} s)"
+            )
+        else:
+            untouched = "yes" if r.get("statistics_untouched") else "NO"
+            how = f"as the VACUUM left them (untouched since: {untouched})"
+        notes.append(f"  {r['statistics']} stats: {how}; {r['seconds']:.1f} s")
+    return lines + failures + notes
+
+
 def _timings(results: Mapping[str, Any]) -> list[str]:
     timings = results.get("timings")
     if not timings:
@@ -626,6 +740,7 @@ def report(results: Mapping[str, Any]) -> str:
         *_figures(results),
         *_cpu(results),
         *_scale(results),
+        *_list_at_scale(results),
         *_timings(results),
         "-" * RULE,
         f"stand-in: {results['commands']['processed']} commands, "

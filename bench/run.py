@@ -29,7 +29,10 @@ Phases, in order:
    live), a burst of ``--burst-runs`` runs before seeding, then for each size of
    ``--waiting-runs`` that many waiting runs seeded with SQL and another burst; after each
    burst the dispatcher's RSS, one claim's, one settle's and one lease sweep's buffers and
-   time, and doctor's time through the API.
+   time, and doctor's time through the API;
+6. the run list at scale (see :mod:`bench.listing`): ``--held-runs`` runs held for an
+   operator seeded among the largest size's waiting runs, then one page of ``GET /v1/runs``
+   per filter, checked against SQL and timed, before and after ``ANALYZE``.
 
 The stand-in is reached over plain HTTP unless ``--products-tls`` is given: then it serves
 HTTPS with a certificate from a private root made for the run, and the runtime file's
@@ -67,6 +70,7 @@ import asyncpg
 import httpx
 import yaml
 
+from bench.listing import list_at_scale
 from bench.procs import CpuMeter, Memory, component_processes, memory, rss_mib
 from bench.products import PLAIN, TLS, client_verify, make_tls, served, start_products, use_https
 from bench.raw import RawResult, measure, scratch_owner_note
@@ -540,9 +544,10 @@ async def one_repeat(bench: Bench, args: argparse.Namespace, index: int) -> dict
     }
 
 
-async def scale_phase(bench: Bench, sizes: list[int], runs: int) -> dict[str, Any]:
+async def scale_phase(bench: Bench, sizes: list[int], runs: int) -> tuple[dict[str, Any], Scale]:
     """The quiet-VACUUM state, then a burst of ``runs`` before seeding and after seeding
-    each of ``sizes`` waiting runs (cumulatively), each burst followed by its readings."""
+    each of ``sizes`` waiting runs (cumulatively), each burst followed by its readings.
+    Answers the phase's record and its seeded state (for :func:`bench.listing.list_at_scale`)."""
     assert bench.db is not None
     scale = Scale(bench.db, bench.namespace, bench.connect)
     dispatcher = component_processes(bench.stack.processes["coordinator"].pid)["dispatcher"]
@@ -554,7 +559,7 @@ async def scale_phase(bench: Bench, sizes: list[int], runs: int) -> dict[str, An
     if before.burst is None:
         raise RuntimeError("the scale phase's first burst did not end; no waiting runs yet")
     after = [await measure_size(bench, scale, dispatcher, size, runs) for size in sizes]
-    return {
+    found = {
         "burst_runs": runs,
         "rate": bench.args.rate,
         "shape": SHAPE,
@@ -562,6 +567,7 @@ async def scale_phase(bench: Bench, sizes: list[int], runs: int) -> dict[str, An
         "before": before.to_json(),
         "sizes": [size.to_json() for size in after],
     }
+    return found, scale
 
 
 async def measure_size(
@@ -661,8 +667,13 @@ async def measure_all(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         processed, twice = await bench.processed_twice()
         scale = None
         if args.waiting_runs:
-            scale = await scale_phase(bench, args.waiting_runs, args.burst_runs)
+            scale, seeded = await scale_phase(bench, args.waiting_runs, args.burst_runs)
             took("scale")
+            if args.held_runs:
+                scale["list_at_scale"] = await list_at_scale(
+                    seeded, bench.stack.url, bench.operator_token, WORKFLOW, args.held_runs
+                )
+                took("list at scale")
     finally:
         await bench.close()
     return {
@@ -778,6 +789,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="runs of each scale burst (and as many paced at --rate after it)",
     )
     parser.add_argument(
+        "--held-runs",
+        type=int,
+        default=10_000,
+        help="runs held with attention seeded after the largest scale size, among which "
+        "GET /v1/runs is timed per filter (0 skips it)",
+    )
+    parser.add_argument(
         "--state", type=Path, default=STATE, help="state and logs (replaced at every run)"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
@@ -786,6 +804,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--repeats must be at least 1")
     if args.burst_runs < 1:
         parser.error("--burst-runs must be at least 1")
+    if args.held_runs < 0:
+        parser.error("--held-runs must be 0 or more")
     args.state = args.state.resolve()
     return args
 
@@ -835,6 +855,7 @@ def main(argv: list[str] | None = None) -> None:
         "raw_connections": args.raw_connections,
         "waiting_runs": args.waiting_runs,
         "burst_runs": args.burst_runs,
+        "held_runs": args.held_runs,
         "durable": args.durable,
         "products_tls": args.products_tls,
     }

@@ -32,6 +32,9 @@ inside a transaction that is rolled back, so nothing changes:
   first in the same transaction: the step completes, keeps a result, and a call step
   becomes the run's next, due now;
 - one lease sweep (``dispatcher_expire_leases``), which every dispatcher runs every second.
+
+After the largest size, :meth:`Scale.seed_held` seeds runs held for an operator among the
+waiting ones, for the run list at scale (:mod:`bench.listing`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -57,6 +61,18 @@ LEASE_SECONDS = 30.0
 SETTLE_NEXT_STEP = "bench-next"
 SHAPE = "run waiting, its bindings, one wait-for step due at its next check a day out"
 SEEDED_TABLES = ("run", "binding", "step")
+# The held runs' steps, named as in bench/workflow/bench-notice.
+FIRST_CALL = "first-notice"
+CHOICE = "pick"
+SECOND_CALL = "second-notice"
+HELD_PREFIX = "held-"  # (the HELD_* statements spell it out)
+# The held runs' attention began in this many batches, a minute apart (run n in batch n mod
+# this), so that the order of attention differs from the order of creation.
+HELD_BATCHES = 100
+HELD_SHAPE = (
+    "run held with attention, its bindings, one uncertain call (status-5xx 503, every fifth "
+    "lease-expired; every fourth run's second call, after its first call and choice ended)"
+)
 # Runs per seeding transaction: each keeps one after-trigger event per row and table (the
 # foreign-key checks and the due notification) until it commits.
 SEED_BATCH = 100_000
@@ -76,10 +92,11 @@ SELECT 'scale-' || i, t.workflow_id, t.package_digest, t.principal_iss, t.princi
  WHERE t.id = $1
 """
 
+# The bindings of runs $4 || ($3 + 1) … $4 || ($3 + $2), copied from run $1's.
 SEED_BINDINGS = """
 INSERT INTO {ns}.binding (run_id, connection, connection_type, base_url, client_id, issuer,
                           scopes, audience, profile, producer)
-SELECT 'scale-' || i, b.connection, b.connection_type, b.base_url, b.client_id, b.issuer,
+SELECT $4::text || i, b.connection, b.connection_type, b.base_url, b.client_id, b.issuer,
        b.scopes, b.audience, b.profile, b.producer
   FROM {ns}.binding b, generate_series($3::integer + 1, $3::integer + $2::integer) AS i
  WHERE b.run_id = $1
@@ -100,6 +117,56 @@ TEMPLATE_RUN = """
 SELECT id FROM {ns}.run WHERE state = 'succeeded' ORDER BY created_at DESC LIMIT 1
 """
 
+# Held runs (see Scale.seed_held): held-1 … held-$2, those whose number is $5 modulo $4, each
+# created $3 + its number in seconds. attention_since is not written here: the trigger
+# run_attention_since sets it to {ns}.now(), which answers the coordinator.fake_now setting
+# the caller made for this batch, as updated_at does.
+HELD_RUNS = """
+INSERT INTO {ns}.run (id, workflow_id, package_digest, principal_iss, principal_sub,
+                      client_id, state, attention, created_at, updated_at)
+SELECT 'held-' || i, t.workflow_id, t.package_digest, t.principal_iss, t.principal_sub,
+       t.client_id, 'held', true, $3::timestamptz + make_interval(secs => i), {ns}.now()
+  FROM {ns}.run t, generate_series(1, $2::integer) AS i
+ WHERE t.id = $1 AND i % $4::integer = $5::integer
+"""
+
+# Every fourth held run (of held-1 … held-$3) got past its first call ($1, accepted) and its
+# choice ($2) before its second call became uncertain.
+HELD_ENDED_STEPS = """
+INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, attempts, effect, command_key,
+                       prepared_at, first_attempt_at, started_at, updated_at, ended_at)
+SELECT r.id, s.step_id, s.seq, s.step_type, 'completed', s.attempts, s.effect,
+       CASE WHEN s.step_type = 'call' THEN r.id || '-' || s.seq END,
+       CASE WHEN s.step_type = 'call' THEN r.created_at END,
+       CASE WHEN s.step_type = 'call' THEN r.created_at END,
+       r.created_at, r.created_at + interval '1 second', r.created_at + interval '1 second'
+  FROM generate_series(4, $3::integer, 4) AS i
+  JOIN {ns}.run r ON r.id = 'held-' || i
+ CROSS JOIN (VALUES ($1::text, 1, 'call', 1, 'accepted'),
+                    ($2::text, 2, 'choose', 0, NULL)) AS s (step_id, seq, step_type, attempts,
+                                                           effect)
+"""
+
+# The uncertain call of each held run (held-1 … held-$3): the second call ($2) for every
+# fourth run, the first ($1) otherwise; every fifth lost its dispatcher (lease-expired), the
+# others had a 503 answer (status-5xx). Uncertain steps are never due.
+HELD_UNCERTAIN_STEPS = """
+INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state, attempts, effect, cause,
+                       cause_status, command_key, prepared_at, first_attempt_at, started_at,
+                       updated_at)
+SELECT r.id, x.step_id, x.seq, 'call', 'uncertain', 1, 'unknown',
+       CASE WHEN i % 5 = 0 THEN 'lease-expired' ELSE 'status-5xx' END,
+       CASE WHEN i % 5 = 0 THEN NULL ELSE 503 END,
+       r.id || '-' || x.seq, x.started, x.started, x.started, r.attention_since
+  FROM generate_series(1, $3::integer) AS i
+  JOIN {ns}.run r ON r.id = 'held-' || i
+ CROSS JOIN LATERAL (
+       SELECT CASE WHEN i % 4 = 0 THEN $2::text ELSE $1::text END AS step_id,
+              CASE WHEN i % 4 = 0 THEN 3 ELSE 1 END AS seq,
+              r.created_at + CASE WHEN i % 4 = 0 THEN interval '1 second'
+                                  ELSE interval '0' END AS started) x
+"""
+
 # The settle's step must be leased to the bench in the current hold epoch, as a claim
 # leaves it, or the statement finds nothing to settle.
 LEASE_FOR_SETTLE = """
@@ -108,6 +175,8 @@ UPDATE {ns}.step
        lease_epoch = (SELECT epoch FROM {ns}.hold)
  WHERE run_id = $1 AND step_id = $2
 """
+
+FAKE_NOW = "SELECT set_config('coordinator.fake_now', $1, true)"
 
 ANALYSED = """
 SELECT coalesce(sum(analyze_count + autoanalyze_count), 0)::bigint
@@ -268,6 +337,31 @@ class SizeResult:
         return found
 
 
+@dataclass(frozen=True)
+class HeldRuns:
+    """The held runs seeded for the run list at scale (:meth:`Scale.seed_held`).
+
+    Held run n was created at ``created_from`` + n seconds, and its attention began (and it
+    was last updated) at ``attention_from`` + (n mod :data:`HELD_BATCHES`) minutes: a day
+    after the first was created, and two days before the seeding. Every held run is older
+    than every waiting run.
+    """
+
+    runs: int
+    seconds: float
+    created_from: datetime
+    attention_from: datetime
+    batches: int
+    split: datetime
+    """An instant between the held runs' updates: half the batches were updated before it."""
+
+    def to_json(self) -> dict[str, Any]:
+        found = asdict(self)
+        for name in ("created_from", "attention_from", "split"):
+            found[name] = getattr(self, name).isoformat()
+        return found
+
+
 # ------------------------------------------------------------------------------ database
 
 
@@ -333,9 +427,7 @@ class Scale:
         """Seed waiting runs until ``target`` exist, in batches of :data:`SEED_BATCH` runs
         over :data:`SEED_CONNECTIONS` connections, each batch one transaction; never
         analysed. Answers the seconds it took."""
-        template = await self.db.fetchval(self.sql(TEMPLATE_RUN))
-        if template is None:
-            raise RuntimeError("no succeeded bench run to copy a waiting run's principal from")
+        template = await self.template()
         batches = seed_batches(self.seeded, target)
         began = time.monotonic()
         extra = [await self.connect() for _ in range(SEED_CONNECTIONS - 1)]
@@ -346,7 +438,9 @@ class Scale:
                     before, count = batches.pop(0)
                     async with conn.transaction():
                         await conn.execute(self.sql(SEED_RUNS), template, count, before)
-                        await conn.execute(self.sql(SEED_BINDINGS), template, count, before)
+                        await conn.execute(
+                            self.sql(SEED_BINDINGS), template, count, before, "scale-"
+                        )
                         await conn.execute(self.sql(SEED_STEPS), WAIT_STEP, count, before)
 
             await asyncio.gather(*(worker(conn) for conn in [self.db, *extra]))
@@ -354,6 +448,56 @@ class Scale:
             for conn in extra:
                 await conn.close()
         self.seeded = target
+        return time.monotonic() - began
+
+    async def template(self) -> str:
+        """The run a seeded run copies its workflow, package and principal from."""
+        template = await self.db.fetchval(self.sql(TEMPLATE_RUN))
+        if template is None:
+            raise RuntimeError("no succeeded bench run to copy a seeded run's principal from")
+        return str(template)
+
+    async def seed_held(self, count: int) -> HeldRuns:
+        """Seed ``count`` runs held with attention (``held-1`` …), each with the bindings of
+        a bench run and an uncertain call (see :data:`HELD_SHAPE` and :class:`HeldRuns`), in
+        one transaction; never analysed.
+
+        A run's ``attention_since`` is the trigger's to write, from ``{ns}.now()``: each
+        batch is inserted under its own ``coordinator.fake_now`` (local to the transaction),
+        so the held runs' attention began at :data:`HELD_BATCHES` instants a minute apart,
+        and the runs of one batch share theirs (the list breaks the tie by run id)."""
+        template = await self.template()
+        began = time.monotonic()
+        now = await self.db.fetchval(self.sql("SELECT {ns}.now()"))
+        base = now.replace(microsecond=0)
+        created_from = base - timedelta(days=2)
+        attention_from = base - timedelta(days=1)
+        async with self.db.transaction():
+            for batch in range(HELD_BATCHES):
+                at = attention_from + timedelta(minutes=batch)
+                await self.db.execute(FAKE_NOW, at.isoformat())
+                await self.db.execute(
+                    self.sql(HELD_RUNS), template, count, created_from, HELD_BATCHES, batch
+                )
+            await self.db.execute(FAKE_NOW, "")
+            await self.db.execute(self.sql(SEED_BINDINGS), template, count, 0, HELD_PREFIX)
+            await self.db.execute(self.sql(HELD_ENDED_STEPS), FIRST_CALL, CHOICE, count)
+            await self.db.execute(self.sql(HELD_UNCERTAIN_STEPS), FIRST_CALL, SECOND_CALL, count)
+        return HeldRuns(
+            runs=count,
+            seconds=round(time.monotonic() - began, 2),
+            created_from=created_from,
+            attention_from=attention_from,
+            batches=HELD_BATCHES,
+            split=attention_from + timedelta(minutes=HELD_BATCHES // 2),
+        )
+
+    async def analyse(self, tables: tuple[str, ...]) -> float:
+        """``ANALYZE`` of ``tables`` (of :data:`SEEDED_TABLES`); answers the seconds it
+        took."""
+        began = time.monotonic()
+        listed = ", ".join(f"{{ns}}.{table}" for table in tables if table in SEEDED_TABLES)
+        await self.db.execute(self.sql(f"ANALYZE {listed}"))
         return time.monotonic() - began
 
     async def waiting(self) -> int:

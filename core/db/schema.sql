@@ -198,7 +198,9 @@ CREATE TABLE {{ns}}.run (
     CHECK (failure_kind IS NULL OR state = 'failed'),
     CHECK (erased_at IS NULL OR ended_at IS NOT NULL),
     CHECK (cancel_seq IS NULL OR cancelling),
-    CHECK ((attention_since IS NOT NULL) = attention)
+    CHECK ((attention_since IS NOT NULL) = attention),
+    -- a held run waits for an operator (its list is the attention list's)
+    CHECK (state <> 'held' OR attention)
 ) WITH (fillfactor = 80);
 
 -- list: newest first, with (created_at, id) as the cursor
@@ -331,6 +333,9 @@ CREATE INDEX step_due ON {{ns}}.step (due_at) WHERE due_at IS NOT NULL AND lease
 CREATE INDEX step_leased ON {{ns}}.step (lease_expires_at) WHERE lease_owner IS NOT NULL;
 -- doctor, restore-hold and retention: uncertain steps
 CREATE INDEX step_uncertain ON {{ns}}.step (run_id) WHERE state = 'uncertain';
+-- list --step / --cause: the steps that need attention, by step and cause
+CREATE INDEX step_attention ON {{ns}}.step (step_id, cause, run_id)
+    WHERE {{ns}}.step_wants_attention(state, cause);
 -- completion events: the waiting step awaiting this result
 CREATE INDEX step_wait_match ON {{ns}}.step (wait_match)
     WHERE state = 'waiting' AND wait_match IS NOT NULL;

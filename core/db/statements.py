@@ -474,9 +474,9 @@ class RecoveryRunEstimatesRow:
     """A row of ``recovery_run_estimates``."""
 
     rows: float
-    """Pg_class.reltuples of run."""
+    """The run table's rows."""
     attention_rows: float
-    """Pg_class.reltuples of run_attention."""
+    """Run_attention's rows."""
     states: list[str] | None
     """Null before the first ANALYZE."""
     frequencies: list[float] | None
@@ -1812,7 +1812,10 @@ class Statements(Queries):
         """PostgreSQL's own estimates, from the statistics ANALYZE (or autovacuum) last gathered:
         the run table's rows, the rows of run_attention (the runs that need attention), and
         the most common states with their frequencies. They complete the runs per state of
-        doctor and the metrics, and a list's total, past the exact counts.
+        doctor and the metrics, and a list's total, past the exact counts. Rows are scaled to
+        the relation's size now, as the planner scales them: rows per page when the statistics
+        were taken, times the pages there are (a VACUUM of an empty-looking table is not the
+        table a million runs later).
         """
         record: Record | None = await conn.fetchrow(
             self["recovery_run_estimates"],
@@ -1834,7 +1837,9 @@ class Statements(Queries):
         limit: int,
     ) -> list[RecoveryRunListRow]:
         """Runs newest first by (created_at, id), as run_read shapes them, with the step that
-        needs attention. The general list; recovery_run_list_attention serves attention=true.
+        needs attention. The page's runs are chosen (ordered and limited) first, and only they
+        are joined with their package and looked up for that step, whatever the statistics
+        say. The general list; recovery_run_list_attention serves attention=true.
         ``workflow_ids``: the workflows the caller may see. ``attention``: null for either.
         ``state``: null for any. ``principal_iss``: null for every principal.
         ``principal_sub``: null for every principal. ``updated_before``: null for any.

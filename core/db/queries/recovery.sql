@@ -33,7 +33,8 @@ SELECT kind, reason, at
 
 -- name: recovery_run_list
 -- Runs newest first by (created_at, id), as run_read shapes them, with the step that
--- needs attention. The general list; recovery_run_list_attention serves attention=true.
+-- needs attention. The page's runs are chosen (ordered and limited) first, and only they are
+-- joined with their package and looked up for that step, whatever the statistics say. The general list; recovery_run_list_attention serves attention=true.
 -- $1 workflow_ids (text[]): the workflows the caller may see
 -- $2 attention (boolean, null): null for either
 -- $3 state (text, null): null for any
@@ -70,7 +71,16 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.created_at, r.updated_at, r.ended_at,
        r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
        a.cause_status AS attention_cause_status
-  FROM {{ns}}.run r
+  FROM (SELECT r.*
+          FROM {{ns}}.run r
+          WHERE r.workflow_id = ANY ($1::text[])
+            AND ($2::boolean IS NULL OR r.attention = $2::boolean)
+            AND ($3::text IS NULL OR r.state = $3::text)
+            AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
+            AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
+            AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7::timestamptz, $8::text))
+         ORDER BY r.created_at DESC, r.id DESC
+         LIMIT $9) r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
         SELECT s.step_id, s.cause, s.cause_status
@@ -79,14 +89,7 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
            AND {{ns}}.step_wants_attention(s.state, s.cause)
          ORDER BY s.seq
          LIMIT 1) a ON true
- WHERE r.workflow_id = ANY ($1::text[])
-   AND ($2::boolean IS NULL OR r.attention = $2::boolean)
-   AND ($3::text IS NULL OR r.state = $3::text)
-   AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
-   AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
-   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) < ($7::timestamptz, $8::text))
- ORDER BY r.created_at DESC, r.id DESC
- LIMIT $9;
+ ORDER BY r.created_at DESC, r.id DESC;
 
 -- name: recovery_run_list_oldest
 -- Runs oldest first by (created_at, id); otherwise recovery_run_list.
@@ -126,7 +129,16 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.created_at, r.updated_at, r.ended_at,
        r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
        a.cause_status AS attention_cause_status
-  FROM {{ns}}.run r
+  FROM (SELECT r.*
+          FROM {{ns}}.run r
+          WHERE r.workflow_id = ANY ($1::text[])
+            AND ($2::boolean IS NULL OR r.attention = $2::boolean)
+            AND ($3::text IS NULL OR r.state = $3::text)
+            AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
+            AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
+            AND ($7::timestamptz IS NULL OR (r.created_at, r.id) > ($7::timestamptz, $8::text))
+         ORDER BY r.created_at, r.id
+         LIMIT $9) r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
         SELECT s.step_id, s.cause, s.cause_status
@@ -135,14 +147,7 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
            AND {{ns}}.step_wants_attention(s.state, s.cause)
          ORDER BY s.seq
          LIMIT 1) a ON true
- WHERE r.workflow_id = ANY ($1::text[])
-   AND ($2::boolean IS NULL OR r.attention = $2::boolean)
-   AND ($3::text IS NULL OR r.state = $3::text)
-   AND ($4::text IS NULL OR (r.principal_iss = $4::text AND r.principal_sub = $5::text))
-   AND ($6::timestamptz IS NULL OR r.updated_at < $6::timestamptz)
-   AND ($7::timestamptz IS NULL OR (r.created_at, r.id) > ($7::timestamptz, $8::text))
- ORDER BY r.created_at, r.id
- LIMIT $9;
+ ORDER BY r.created_at, r.id;
 
 -- name: recovery_run_list_attention
 -- Runs that need attention, newest first by (created_at, id), walking run_attention: the
@@ -185,7 +190,23 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.created_at, r.updated_at, r.ended_at,
        r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
        a.cause_status AS attention_cause_status
-  FROM {{ns}}.run r
+  FROM (SELECT r.*
+          FROM {{ns}}.run r
+          WHERE r.attention
+            AND r.workflow_id = ANY ($1::text[])
+            AND ($2::text IS NULL OR r.state = $2::text)
+            AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
+            AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
+            AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
+                  SELECT 1
+                    FROM {{ns}}.step s
+                   WHERE s.run_id = r.id
+                     AND {{ns}}.step_wants_attention(s.state, s.cause)
+                     AND ($6::text IS NULL OR s.step_id = $6::text)
+                     AND ($7::text IS NULL OR s.cause = $7::text)))
+            AND ($8::timestamptz IS NULL OR (r.created_at, r.id) < ($8::timestamptz, $9::text))
+         ORDER BY r.created_at DESC, r.id DESC
+         LIMIT $10) r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
         SELECT s.step_id, s.cause, s.cause_status
@@ -194,21 +215,7 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
            AND {{ns}}.step_wants_attention(s.state, s.cause)
          ORDER BY s.seq
          LIMIT 1) a ON true
- WHERE r.attention
-   AND r.workflow_id = ANY ($1::text[])
-   AND ($2::text IS NULL OR r.state = $2::text)
-   AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
-   AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
-   AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
-         SELECT 1
-           FROM {{ns}}.step s
-          WHERE s.run_id = r.id
-            AND {{ns}}.step_wants_attention(s.state, s.cause)
-            AND ($6::text IS NULL OR s.step_id = $6::text)
-            AND ($7::text IS NULL OR s.cause = $7::text)))
-   AND ($8::timestamptz IS NULL OR (r.created_at, r.id) < ($8::timestamptz, $9::text))
- ORDER BY r.created_at DESC, r.id DESC
- LIMIT $10;
+ ORDER BY r.created_at DESC, r.id DESC;
 
 -- name: recovery_run_list_attention_oldest
 -- Runs that need attention, those waiting longest first: by (attention_since, id), walking
@@ -250,7 +257,23 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
        r.created_at, r.updated_at, r.ended_at,
        r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
        a.cause_status AS attention_cause_status
-  FROM {{ns}}.run r
+  FROM (SELECT r.*
+          FROM {{ns}}.run r
+          WHERE r.attention
+            AND r.workflow_id = ANY ($1::text[])
+            AND ($2::text IS NULL OR r.state = $2::text)
+            AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
+            AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
+            AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
+                  SELECT 1
+                    FROM {{ns}}.step s
+                   WHERE s.run_id = r.id
+                     AND {{ns}}.step_wants_attention(s.state, s.cause)
+                     AND ($6::text IS NULL OR s.step_id = $6::text)
+                     AND ($7::text IS NULL OR s.cause = $7::text)))
+            AND ($8::timestamptz IS NULL OR (r.attention_since, r.id) > ($8::timestamptz, $9::text))
+         ORDER BY r.attention_since, r.id
+         LIMIT $10) r
   JOIN {{ns}}.package p ON p.digest = r.package_digest
   LEFT JOIN LATERAL (
         SELECT s.step_id, s.cause, s.cause_status
@@ -259,21 +282,7 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
            AND {{ns}}.step_wants_attention(s.state, s.cause)
          ORDER BY s.seq
          LIMIT 1) a ON true
- WHERE r.attention
-   AND r.workflow_id = ANY ($1::text[])
-   AND ($2::text IS NULL OR r.state = $2::text)
-   AND ($3::text IS NULL OR (r.principal_iss = $3::text AND r.principal_sub = $4::text))
-   AND ($5::timestamptz IS NULL OR r.updated_at < $5::timestamptz)
-   AND (($6::text IS NULL AND $7::text IS NULL) OR EXISTS (
-         SELECT 1
-           FROM {{ns}}.step s
-          WHERE s.run_id = r.id
-            AND {{ns}}.step_wants_attention(s.state, s.cause)
-            AND ($6::text IS NULL OR s.step_id = $6::text)
-            AND ($7::text IS NULL OR s.cause = $7::text)))
-   AND ($8::timestamptz IS NULL OR (r.attention_since, r.id) > ($8::timestamptz, $9::text))
- ORDER BY r.attention_since, r.id
- LIMIT $10;
+ ORDER BY r.attention_since, r.id;
 
 -- name: recovery_run_count
 -- How many runs recovery_run_list would show over all its pages, counted up to counted_up_to
@@ -332,14 +341,28 @@ SELECT count(*)
 -- PostgreSQL's own estimates, from the statistics ANALYZE (or autovacuum) last gathered:
 -- the run table's rows, the rows of run_attention (the runs that need attention), and the
 -- most common states with their frequencies. They complete the runs per state of doctor
--- and the metrics, and a list's total, past the exact counts.
+-- and the metrics, and a list's total, past the exact counts. Rows are scaled to the
+-- relation's size now, as the planner scales them: rows per page when the statistics were
+-- taken, times the pages there are (a VACUUM of an empty-looking table is not the table a
+-- million runs later).
 -- returns: row
--- column rows (float8): pg_class.reltuples of run
--- column attention_rows (float8): pg_class.reltuples of run_attention
+-- column rows (float8): the run table's rows
+-- column attention_rows (float8): run_attention's rows
 -- column states (text[], null): null before the first ANALYZE
 -- column frequencies (float8[], null): null before the first ANALYZE
-SELECT c.reltuples::float8 AS rows,
-       (SELECT i.reltuples::float8 FROM pg_catalog.pg_class i
+SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
+            THEN c.reltuples::float8 / c.relpages
+                 * (pg_catalog.pg_relation_size(c.oid)
+                    / pg_catalog.current_setting('block_size')::float8)
+            ELSE greatest(c.reltuples, 0)::float8
+       END AS rows,
+       (SELECT CASE WHEN i.relpages > 0 AND i.reltuples >= 0
+                    THEN i.reltuples::float8 / i.relpages
+                         * (pg_catalog.pg_relation_size(i.oid)
+                            / pg_catalog.current_setting('block_size')::float8)
+                    ELSE greatest(i.reltuples, 0)::float8
+               END
+          FROM pg_catalog.pg_class i
          WHERE i.oid = '{{ns}}.run_attention'::regclass) AS attention_rows,
        s.most_common_vals::text::text[] AS states,
        s.most_common_freqs::float8[] AS frequencies
