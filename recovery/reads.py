@@ -155,14 +155,9 @@ class ListFilter:
 
     @property
     def needs_attention(self) -> bool:
-        """Whether only runs that need attention can match: a step or cause filter is about
-        the step that needs it, and a held run always needs it (a CHECK of the run table)."""
-        return (
-            self.attention is True
-            or self.step is not None
-            or self.cause is not None
-            or self.state == RunState.HELD
-        )
+        """Whether only runs that need attention can match (a step or cause filter is about
+        the step that needs it)."""
+        return self.attention is True or self.step is not None or self.cause is not None
 
     @classmethod
     def build(
@@ -213,9 +208,8 @@ class ListFilter:
             # refused a workflow the policy does not cover.
             scope = (workflow_id,) if workflow_id in scope else ()
         wants_attention = None if attention == "" else attention == "true"
-        if wants_attention is False and (step or cause or state == RunState.HELD):
-            # A step or a cause filter is about the step that needs attention, and a held
-            # run needs it: nothing can match.
+        if wants_attention is False and (step or cause):
+            # A step or a cause filter is about the step that needs attention.
             scope = ()
         return cls(
             workflows=scope,

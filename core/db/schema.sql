@@ -198,9 +198,7 @@ CREATE TABLE {{ns}}.run (
     CHECK (failure_kind IS NULL OR state = 'failed'),
     CHECK (erased_at IS NULL OR ended_at IS NOT NULL),
     CHECK (cancel_seq IS NULL OR cancelling),
-    CHECK ((attention_since IS NOT NULL) = attention),
-    -- a held run waits for an operator (its list is the attention list's)
-    CHECK (state <> 'held' OR attention)
+    CHECK ((attention_since IS NOT NULL) = attention)
 ) WITH (fillfactor = 80);
 
 -- list: newest first, with (created_at, id) as the cursor
@@ -224,6 +222,8 @@ CREATE INDEX run_ended ON {{ns}}.run (state)
 CREATE INDEX run_attention ON {{ns}}.run (created_at DESC, id DESC) WHERE attention;
 -- list --attention true --order oldest: the runs waiting longest for an operator first
 CREATE INDEX run_attention_oldest ON {{ns}}.run (attention_since, id) WHERE attention;
+-- list --state held: held runs by creation (run_live would hand over every held run to sort)
+CREATE INDEX run_held ON {{ns}}.run (created_at DESC, id DESC) WHERE state = 'held';
 -- retention: ended runs whose payloads still exist
 CREATE INDEX run_erasable ON {{ns}}.run (ended_at) WHERE ended_at IS NOT NULL AND erased_at IS NULL;
 

@@ -65,7 +65,9 @@ WHOLE_TABLE: dict[str, str] = {
     "recovery_leases_drop": "restore-hold, a one-off operator action: every leased step",
     "recovery_retain": "retain, an operator action: ended runs before a cutoff, LIMIT 100",
 }
-BACKLOG = frozenset({"step_uncertain", "step_attention", "run_attention", "run_attention_oldest"})
+BACKLOG = frozenset(
+    {"step_uncertain", "step_attention", "run_attention", "run_attention_oldest", "run_held"}
+)
 """Partial indexes of what waits for an operator: walking one whole is bounded by the
 operator's backlog, not by how many runs exist."""
 
