@@ -350,6 +350,10 @@ class Sessions:
 
     settings: Settings
     known: set[str] = field(default_factory=set)
+    results: dict[tuple[str, str], str] = field(default_factory=dict)
+    """What the API answered a session's last action on a run, shown once on the run's page
+    after the redirect (``(session, run id)`` → ``action: result``). Kept here, never in the
+    address: a link cannot make a page claim an action happened."""
 
     def open(self) -> str:
         session = secrets.token_urlsafe(32)
@@ -473,11 +477,8 @@ class Console:
         workflow = self.settings.workflows.get(
             str((inspection.get("workflow") or {}).get("digest"))
         )
-        done = request.query_params.get("done")
-        result = request.query_params.get("result")
-        notice = None
-        if refusal is None and done in FORMS and result and result.replace("-", "").isalpha():
-            notice = f"{done}: {result}"
+        # The answer to this session's own action, once; nothing the address says.
+        notice = self.sessions.results.pop((session, run_id), None) if refusal is None else None
         return self.page(
             "run.html",
             session,
@@ -523,8 +524,8 @@ class Console:
         except Refused as refused:
             return await self.run(request, session, refusal=refused.problem, action=action)
         result = str(answer.get("result") or "done")
-        target = f"/runs/{quote(run_id, safe='')}?done={action}&result={quote(result, safe='')}"
-        return RedirectResponse(target, status_code=303)
+        self.sessions.results[(session, run_id)] = f"{action}: {result}"
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
 
 
 async def _form(request: Request) -> dict[str, str] | None:

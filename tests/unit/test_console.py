@@ -357,11 +357,23 @@ async def test_a_valid_form_sends_the_reference_and_shows_the_result(
         headers={"origin": ORIGIN, "sec-fetch-site": "same-origin"},
     )
     assert answer.status_code == 303
-    assert answer.headers["location"] == f"/runs/{HELD}?done=reconcile&result=accepted"
+    assert answer.headers["location"] == f"/runs/{HELD}"
     assert ("POST", f"/v1/runs/{HELD}/reconcile", {"reason": "INC-2041"}) in [
         sent[:3] for sent in fake.sent
     ]
-    assert "reconcile: accepted" in (await client.get(answer.headers["location"])).text
+    shown = (await client.get(answer.headers["location"])).text
+    assert '<p class="notice" role="status">reconcile: accepted</p>' in shown
+    # Shown once: the page after that is the run's page alone.
+    assert "reconcile: accepted" not in (await client.get(f"/runs/{HELD}")).text
+
+
+async def test_the_address_cannot_make_a_page_claim_an_action_happened(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get(f"/runs/{HELD}?done=cancel&result=cancelled")).text
+    assert "cancel: cancelled" not in page
+    assert 'role="status"' not in page
 
 
 async def test_a_refused_action_shows_the_problem_document(
