@@ -59,8 +59,9 @@ from core import clock
 from core.actions import ACTIONS, RUN, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.workflow.catalogue import operation
 from core.workflow.graph import run_picture
-from core.workflow.model import Workflow
+from core.workflow.model import CallStep, Workflow
 
 HERE: Final = Path(__file__).resolve().parent
 TEMPLATES: Final = HERE / "console_templates"
@@ -249,6 +250,20 @@ class Api:
 # ------------------------------------------------------------------------------- what pages show
 
 
+STATE_LABELS: Final = {
+    "auditReady": "Audit journal writable",
+    "storeReady": "Database reachable",
+    "storeHost": "Database server serving",
+    "uncertain": "Steps with an unknown effect",
+    "held": "Runs held for an operator",
+    "retrying": "Calls waiting to be retried",
+    "dueJobs": "Steps due, not yet taken",
+    "waiting": "Runs waiting (timers, reviews)",
+    "stateKeyVersionsInUse": "State key versions in use",
+}
+"""Doctor's ``state`` members in words (the member's own name is shown beside)."""
+
+
 def age(since: str | None, now: datetime) -> str:
     """``3 d 4 h``, ``12 min``, ``just now``: how long ago ``since`` was."""
     if not since:
@@ -302,6 +317,27 @@ def current_step(steps: Sequence[Mapping[str, Any]], state: str) -> str | None:
         if step.get("state") in OPEN_STEP_STATES:
             return str(step.get("step"))
     return str(steps[-1].get("step")) if steps else None
+
+
+def without_receipts(workflow: Workflow | None, steps: Sequence[Mapping[str, Any]]) -> str | None:
+    """The product operation of the run's uncertain or not-sent call when that product
+    keeps no receipts (``casework-review-producer create-review-request``), so that
+    reconcile cannot settle it (CONTRACT §14); ``None`` when it keeps them, or when the
+    console has not the run's package to tell (the API then says ``reconcile.unsupported``)."""
+    if workflow is None:
+        return None
+    for step in reversed(steps):
+        if step.get("state") not in ("uncertain", "not-sent"):
+            continue
+        definition = workflow.steps.get(str(step.get("step")))
+        if not isinstance(definition, CallStep):
+            return None
+        kind = workflow.connections.get(definition.connection)
+        op = operation(kind, definition.operation) if kind is not None else None
+        if op is not None and not op.has_receipts:
+            return f"{kind} {op.name}"
+        return None
+    return None
 
 
 def picture(
@@ -479,6 +515,7 @@ class Console:
         )
         # The answer to this session's own action, once; nothing the address says.
         notice = self.sessions.results.pop((session, run_id), None) if refusal is None else None
+        no_receipts = without_receipts(workflow, steps)
         return self.page(
             "run.html",
             session,
@@ -492,7 +529,8 @@ class Console:
             refusal=refusal,
             refused_action=action,
             notice=notice,
-            actions=FORMS,
+            actions=[a for a in FORMS if not (a == "reconcile" and no_receipts)],
+            no_receipts=no_receipts,
         )
 
     async def doctor(self, request: Request, session: str) -> Response:
@@ -500,7 +538,7 @@ class Console:
             report = await self.api.call("GET", ACTIONS["doctor"].path())
         except Refused as refused:
             return self.problem_page(refused.problem, session, "Doctor")
-        return self.page("doctor.html", session, report=report)
+        return self.page("doctor.html", session, report=report, state_labels=STATE_LABELS)
 
     async def act(self, request: Request, session: str) -> Response:
         run_id, action = request.path_params["run_id"], request.path_params["action"]

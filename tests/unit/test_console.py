@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ORIGIN = "http://127.0.0.1:8765"
 HELD = "0b7f3c1e-held"
 WAITING = "5d2a9e40-wait"
+UNSURE = "9c41d7a2-review"
+"""A run whose Casework review request (no receipts) has an unknown effect."""
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -41,6 +43,23 @@ def _status(run_id: str, state: str, *, attention: bool, updated: str) -> dict[s
 
 
 def _inspection(run_id: str) -> dict[str, Any]:
+    if run_id == UNSURE:
+        return {
+            **_status(UNSURE, "held", attention=True, updated="2027-01-07T09:00:00.000Z"),
+            "steps": [
+                {
+                    "step": "request-review",
+                    "type": "call",
+                    "state": "uncertain",
+                    "attempts": 1,
+                    "effect": "unknown",
+                    "cause": "timeout-after-send",
+                    "startedAt": "2027-01-07T09:00:00.000Z",
+                }
+            ],
+            "holds": {"execution": False, "admission": False},
+            "lastOperatorActions": [],
+        }
     if run_id == HELD:
         steps = [
             {
@@ -140,7 +159,7 @@ class FakeApi:
             return httpx.Response(200, json={**page, "total": 2, "totalIsEstimate": False})
         match = re.fullmatch(r"/v1/runs/([^/]+)/inspection", path)
         if match:
-            if match.group(1) not in (HELD, WAITING):
+            if match.group(1) not in (HELD, WAITING, UNSURE):
                 return _problem(404, "run.not-found", "no such run")
             return httpx.Response(200, json=_inspection(match.group(1)))
         if path == "/v1/operator/doctor":
@@ -176,6 +195,7 @@ _DOCTOR = {
     "workflows": [{"id": "approval-notice", "digest": DIGEST}],
     "holds": {"execution": False, "admission": False},
     "state": {"auditReady": True, "storeReady": True, "uncertain": 1, "held": 1, "dueJobs": 0},
+    "tokenRefusals": [{"connection": "notices", "error": "invalid_client"}],
     "mode": "ordinary",
 }
 
@@ -315,6 +335,20 @@ async def test_the_run_page_shows_steps_effects_waits_and_the_path_drawn(
     assert page.count('name="csrf"') == len(web.FORMS)
 
 
+async def test_reconcile_is_offered_only_where_the_product_keeps_receipts(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get(f"/runs/{UNSURE}")).text
+    assert f'action="/runs/{UNSURE}/reconcile"' not in page
+    assert f'action="/runs/{UNSURE}/retry-same"' in page
+    assert f'action="/runs/{UNSURE}/cancel"' in page
+    assert "casework-review-producer create-review-request keeps no receipts" in page
+    # Messaging keeps them: the held notice's page offers all three.
+    held = (await client.get(f"/runs/{HELD}")).text
+    assert f'action="/runs/{HELD}/reconcile"' in held and "keeps no receipts" not in held
+
+
 async def test_without_the_package_the_run_page_says_how_to_get_the_picture(
     token_file: Path, fake: FakeApi
 ) -> None:
@@ -341,6 +375,10 @@ async def test_the_doctor_page_shows_the_report(
     await _open(client, settings)
     page = (await client.get("/doctor")).text
     assert "db-test" in page and DIGEST in page and "recovery-only" not in page
+    # Every member in words, its name beside, and the token refusals in full.
+    assert "Steps with an unknown effect <code" in page
+    assert "Runs held for an operator <code" in page
+    assert '<th scope="row">notices</th><td><code>invalid_client</code></td>' in page
 
 
 # ------------------------------------------------------------------------------ actions
