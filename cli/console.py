@@ -59,6 +59,7 @@ from core import clock
 from core.actions import ACTIONS, RUN, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
+from core.runs import ATTENTION_CAUSES
 from core.workflow.catalogue import operation
 from core.workflow.graph import run_picture
 from core.workflow.model import CallStep, Workflow
@@ -74,6 +75,8 @@ FORMS: Final = tuple(action.name for action in operator_actions(RUN) if action.f
 """The actions the run page offers as forms (core/actions.py)."""
 ATTENTION_PAGE: Final = 50
 """Runs per attention page (one API call a page)."""
+ATTENTION_FILTERS: Final = ("workflow", "step", "cause", "updatedBefore")
+"""The list filters the attention page offers (``GET /v1/runs``'s names)."""
 FIRST: Final = "-"
 """The first page in the attention list's trail (a cursor is never a lone ``-``)."""
 TRAIL_LIMIT: Final = 200
@@ -455,6 +458,14 @@ class Console:
 
     async def attention(self, request: Request, session: str) -> Response:
         params = {"attention": "true", "order": "oldest", "limit": str(ATTENTION_PAGE)}
+        # The filters the page's form sends, passed to the API as they are (it refuses a
+        # bad one with a problem, shown as it came) and kept in the page links.
+        filters = {
+            name: value
+            for name in ATTENTION_FILTERS
+            if (value := (request.query_params.get(name) or "").strip())
+        }
+        params.update(filters)
         cursor = request.query_params.get("cursor") or ""
         # The pages before this one, each by its cursor (FIRST for the first page), oldest
         # first: the API pages forward only, so the way back travels in the address.
@@ -475,10 +486,10 @@ class Console:
         next_link = previous_link = None
         if listing.get("nextCursor"):
             forward = [*trail, cursor or FIRST][-TRAIL_LIMIT:]
-            query = {"cursor": listing["nextCursor"], "trail": ".".join(forward)}
+            query = {**filters, "cursor": listing["nextCursor"], "trail": ".".join(forward)}
             next_link = "/?" + urlencode(query)
         if trail:
-            query = {}
+            query = dict(filters)
             if trail[-1] != FIRST:
                 query["cursor"] = trail[-1]
             if trail[:-1]:
@@ -493,6 +504,8 @@ class Console:
             first=len(trail) * ATTENTION_PAGE + 1,
             next_link=next_link,
             previous_link=previous_link,
+            filters=filters,
+            causes=ATTENTION_CAUSES,
         )
 
     async def run(

@@ -335,6 +335,23 @@ async def test_the_run_page_shows_steps_effects_waits_and_the_path_drawn(
     assert page.count('name="csrf"') == len(web.FORMS)
 
 
+async def test_the_attention_filters_go_to_the_api_and_stay_in_the_page_links(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    page = (await client.get("/?cause=status-5xx&step=send-approval&workflow=&x=1")).text
+    assert fake.listed[-1] == {
+        "attention": "true",
+        "order": "oldest",
+        "limit": "50",
+        "step": "send-approval",
+        "cause": "status-5xx",
+    }
+    assert 'href="/?step=send-approval&amp;cause=status-5xx&amp;cursor=c-2&amp;trail=-"' in page
+    assert '<option value="status-5xx" selected>' in page
+    assert 'value="send-approval"' in page
+
+
 async def test_reconcile_is_offered_only_where_the_product_keeps_receipts(
     client: httpx.AsyncClient, settings: web.Settings
 ) -> None:
