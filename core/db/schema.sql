@@ -177,7 +177,8 @@ CREATE TABLE {{ns}}.run (
     outcome        text,
     attention      boolean NOT NULL DEFAULT false,
     -- when attention last began (the oldest-first attention list's order); null without
-    -- attention. Kept by the run_attention_since trigger: no statement writes it.
+    -- attention. Kept by the run_attention_since triggers (and tied to attention by a CHECK):
+    -- no statement writes it.
     attention_since timestamptz,
     cancelling     boolean NOT NULL DEFAULT false,
     -- a cancel with onCancel: the seq of the onCancel step. Steps before it are abandoned
@@ -452,7 +453,9 @@ CREATE FUNCTION {{ns}}.notify_channel() RETURNS trigger
     $$;
 
 -- run.attention_since follows run.attention, whichever statement changes it: set when
--- attention begins, kept while it lasts, cleared when it ends.
+-- attention begins, kept while it lasts, cleared when it ends. The triggers' WHEN clauses
+-- call it only when attention starts true or changes, so the inserts and the recomputes that
+-- leave attention as it was (nearly every write of a run) run no function at all.
 CREATE FUNCTION {{ns}}.run_attention_since() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -469,9 +472,15 @@ CREATE FUNCTION {{ns}}.run_attention_since() RETURNS trigger
         END
     $$;
 
-CREATE TRIGGER run_attention_since
-    BEFORE INSERT OR UPDATE OF attention ON {{ns}}.run
-    FOR EACH ROW EXECUTE FUNCTION {{ns}}.run_attention_since();
+CREATE TRIGGER run_attention_since_insert
+    BEFORE INSERT ON {{ns}}.run
+    FOR EACH ROW WHEN (NEW.attention)
+    EXECUTE FUNCTION {{ns}}.run_attention_since();
+
+CREATE TRIGGER run_attention_since_update
+    BEFORE UPDATE OF attention ON {{ns}}.run
+    FOR EACH ROW WHEN (OLD.attention IS DISTINCT FROM NEW.attention)
+    EXECUTE FUNCTION {{ns}}.run_attention_since();
 
 CREATE TRIGGER step_due_notify
     AFTER INSERT OR UPDATE OF due_at, lease_owner ON {{ns}}.step
