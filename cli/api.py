@@ -87,14 +87,13 @@ class ApiClient:
         body: dict[str, Any] | None = None,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        timeout: float = TIMEOUT_SECONDS,
     ) -> Any:
         """Send one request; return the decoded JSON body of a 2xx answer."""
         all_headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         all_headers.update(headers or {})
         try:
-            with httpx.Client(
-                timeout=TIMEOUT_SECONDS, trust_env=False, verify=client_tls()
-            ) as client:
+            with httpx.Client(timeout=timeout, trust_env=False, verify=client_tls()) as client:
                 response = client.request(
                     method, self._base + path, json=body, params=params, headers=all_headers
                 )

@@ -25,6 +25,8 @@ from cli import api, render
 from cli import login as login_flow
 from cli.options import (
     CLIENT_ID_ENV,
+    AttentionOpt,
+    CauseOpt,
     Group,
     ListOrder,
     OutputFormat,
@@ -35,19 +37,22 @@ from cli.options import (
     RunOpt,
     RuntimeOpt,
     SourceArg,
+    StateOpt,
+    StepOpt,
     TokenOpt,
-    TrueFalse,
+    UpdatedBeforeOpt,
     UrlOpt,
+    WorkflowFilterOpt,
     output_format,
     pick,
+    run_filter,
     use_plain_help,
 )
 from core import __version__
 from core.actions import ACTIONS, RUN, Action, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
-from core.runs import IDEMPOTENCY_KEY
-from core.states import RunState
+from core.runs import DEFAULT_BULK_LIMIT, IDEMPOTENCY_KEY, MAX_BULK_LIMIT
 
 app = typer.Typer(
     name="coordinatorctl",
@@ -583,45 +588,12 @@ def doctor(
 @app.command("list")
 def list_runs(
     ctx: typer.Context,
-    attention: Annotated[
-        TrueFalse | None,
-        typer.Option(
-            "--attention",
-            metavar="true|false",
-            help="Only runs that need, or do not need, an operator.",
-        ),
-    ] = None,
-    state: Annotated[
-        RunState | None,
-        typer.Option(
-            "--state",
-            metavar="STATE",
-            help="Only runs in this state: " + ", ".join(RunState) + ".",
-        ),
-    ] = None,
-    workflow: Annotated[
-        str | None, typer.Option("--workflow", metavar="ID", help="Only runs of this workflow.")
-    ] = None,
-    step: Annotated[
-        str | None,
-        typer.Option(
-            "--step", metavar="ID", help="Only runs whose step of this id needs attention."
-        ),
-    ] = None,
-    cause: Annotated[
-        str | None,
-        typer.Option(
-            "--cause", metavar="CAUSE", help="Only runs with a step that needs attention for this."
-        ),
-    ] = None,
-    updated_before: Annotated[
-        str | None,
-        typer.Option(
-            "--updated-before",
-            metavar="TIME",
-            help="Only runs last updated before this RFC 3339 date-time (with an offset).",
-        ),
-    ] = None,
+    attention: AttentionOpt = None,
+    state: StateOpt = None,
+    workflow: WorkflowFilterOpt = None,
+    step: StepOpt = None,
+    cause: CauseOpt = None,
+    updated_before: UpdatedBeforeOpt = None,
     order: Annotated[
         ListOrder | None,
         typer.Option(
@@ -645,15 +617,10 @@ def list_runs(
 ) -> None:
     """Runs, newest or oldest first, with filters and their total (20 a page, at most 100)."""
     client, g = _api_opts(ctx, url, token_file, output)
-    params = {
+    params = run_filter(attention, state, workflow, step, cause, updated_before)
+    params |= {
         name: str(value)
         for name, value in (
-            ("attention", attention.value if attention else None),
-            ("state", state.value if state else None),
-            ("workflow", workflow),
-            ("step", step),
-            ("cause", cause),
-            ("updatedBefore", updated_before),
             ("order", order.value if order else None),
             ("limit", limit),
             ("cursor", cursor),
@@ -786,6 +753,82 @@ def _run_action_command(action: Action) -> None:
 # reconcile, retry-same and cancel: one command each, from the table of actions.
 for _action in operator_actions(RUN):
     _run_action_command(_action)
+
+BULK_TIMEOUT_SECONDS = 600.0
+"""How long ``bulk`` waits for the coordinator's answer."""
+
+BulkAction = StrEnum(  # type: ignore[misc]
+    "BulkAction", {action.name: action.name for action in operator_actions(RUN)}
+)
+"""The actions ``bulk`` takes: every operator action on a run."""
+
+
+@app.command("bulk")
+def bulk_action(
+    ctx: typer.Context,
+    action: Annotated[
+        BulkAction,
+        typer.Argument(
+            metavar="retry-same|cancel|reconcile", help="The action on each chosen run."
+        ),
+    ],
+    reason: ReasonOpt,
+    attention: AttentionOpt = None,
+    state: StateOpt = None,
+    workflow: WorkflowFilterOpt = None,
+    step: StepOpt = None,
+    cause: CauseOpt = None,
+    updated_before: UpdatedBeforeOpt = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            metavar="N",
+            min=1,
+            max=MAX_BULK_LIMIT,
+            help=f"Runs to act on at most (1 to {MAX_BULK_LIMIT}).",
+        ),
+    ] = DEFAULT_BULK_LIMIT,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Name the runs it would act on; act on none."),
+    ] = False,
+    url: UrlOpt = None,
+    token_file: TokenOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """The action on every run the filters choose, oldest first (as list --order oldest),
+    each audited as that action; --dry-run first to see which."""
+    api.check_reference("--reason", reason)
+    filters: dict[str, Any] = dict(
+        run_filter(attention, state, workflow, step, cause, updated_before)
+    )
+    if "attention" in filters:
+        filters["attention"] = filters["attention"] == "true"
+    body: dict[str, Any] = {"reason": reason, "filter": filters, "limit": limit}
+    if dry_run:
+        body["dryRun"] = True
+    client, g = _api_opts(ctx, url, token_file, output)
+    # A thousand runs acted on one after another (a few at a time) take a while.
+    answer = client.request(
+        "POST", f"/v1/runs/bulk/{action.value}", body=body, timeout=BULK_TIMEOUT_SECONDS
+    )
+    if g.output == "json":
+        render.emit_json(answer)
+        return
+    if answer.get("dryRun"):
+        ids = answer.get("runIds", [])
+        typer.echo(render.table([{"runId": run_id} for run_id in ids], ("runId",)))
+        typer.echo(f"{action.value} would act on {answer.get('matched', 0)} runs (dry run)")
+        return
+    results = answer.get("results", [])
+    typer.echo(render.table(results, ("runId", "result", "code")))
+    tally: dict[str, int] = {}
+    for entry in results:
+        word = entry.get("result") or entry.get("code") or "-"
+        tally[word] = tally.get(word, 0) + 1
+    summary = ", ".join(f"{word} {count}" for word, count in sorted(tally.items()))
+    typer.echo(f"{action.value} on {answer.get('matched', 0)} runs: {summary or 'none'}")
 
 
 def _instant(value: str) -> str:

@@ -21,6 +21,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from core.states import RunState
+
 URL_ENV = "COORDINATOR_URL"
 TOKEN_FILE_ENV = "COORDINATOR_TOKEN_FILE"  # noqa: S105 - a variable name, not a secret
 RUNTIME_CONFIG_ENV = "COORDINATOR_RUNTIME_CONFIG"
@@ -95,6 +97,64 @@ RemoveOpt = Annotated[
         help="Remove this workflow from the activation (repeatable).",
     ),
 ]
+# The list's filters (GET /v1/runs), shared by ``list`` and ``bulk``.
+AttentionOpt = Annotated[
+    TrueFalse | None,
+    typer.Option(
+        "--attention",
+        metavar="true|false",
+        help="Only runs that need, or do not need, an operator.",
+    ),
+]
+StateOpt = Annotated[
+    RunState | None,
+    typer.Option(
+        "--state", metavar="STATE", help="Only runs in this state: " + ", ".join(RunState) + "."
+    ),
+]
+WorkflowFilterOpt = Annotated[
+    str | None, typer.Option("--workflow", metavar="ID", help="Only runs of this workflow.")
+]
+StepOpt = Annotated[
+    str | None,
+    typer.Option("--step", metavar="ID", help="Only runs whose step of this id needs attention."),
+]
+CauseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cause", metavar="CAUSE", help="Only runs with a step that needs attention for this."
+    ),
+]
+UpdatedBeforeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--updated-before",
+        metavar="TIME",
+        help="Only runs last updated before this RFC 3339 date-time (with an offset).",
+    ),
+]
+
+
+def run_filter(
+    attention: TrueFalse | None,
+    state: RunState | None,
+    workflow: str | None,
+    step: str | None,
+    cause: str | None,
+    updated_before: str | None,
+) -> dict[str, str]:
+    """The filters given, by their API names, as the list's query spells them."""
+    found = {
+        "attention": attention.value if attention else None,
+        "state": state.value if state else None,
+        "workflow": workflow,
+        "step": step,
+        "cause": cause,
+        "updatedBefore": updated_before,
+    }
+    return {name: value for name, value in found.items() if value is not None}
+
+
 SourceArg = Annotated[
     Path, typer.Argument(metavar="DIR", help="Workflow source directory.", show_default=False)
 ]

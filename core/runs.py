@@ -69,6 +69,13 @@ MAX_LIST_LIMIT: Final = 100
 """The most runs one list page shows."""
 MAX_RETAIN_LIMIT: Final = 100
 """The most runs one ``retain`` call erases."""
+DEFAULT_BULK_LIMIT: Final = 100
+"""Runs one bulk action acts on when the request names no ``limit``."""
+MAX_BULK_LIMIT: Final = 1000
+"""The most runs one bulk action acts on."""
+VERDICT_WAIT_SECONDS: Final = 10.0
+"""How long retry-same waits, at most, for the dispatcher's verdict on the resent command
+before it answers ``pending`` (recovery waits; the gateway's deadline allows for it)."""
 
 IDEMPOTENCY_KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
 """A start's ``Idempotency-Key``: 1–255 visible ASCII characters."""
@@ -379,9 +386,11 @@ class Cursor:
 
 __all__ = [
     "ATTENTION_CAUSES",
+    "DEFAULT_BULK_LIMIT",
     "DEFAULT_LIST_LIMIT",
     "IDEMPOTENCY_KEY",
     "LIST_ORDERS",
+    "MAX_BULK_LIMIT",
     "MAX_LIST_LIMIT",
     "MAX_RETAIN_LIMIT",
     "NEWEST",
@@ -389,6 +398,7 @@ __all__ = [
     "REFERENCE",
     "RUN_STATES",
     "STEP_NAME",
+    "VERDICT_WAIT_SECONDS",
     "Cursor",
     "Holds",
     "OperatorActionRecord",

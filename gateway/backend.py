@@ -33,7 +33,7 @@ from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2 as pb
 from core.rpc import coordinator_pb2_grpc as pb_grpc
 from core.rpc.transport import DEFAULT_DEADLINE_SECONDS, Endpoints, call, channel
-from core.runs import StartResult, refuse_recovery_only
+from core.runs import VERDICT_WAIT_SECONDS, StartResult, refuse_recovery_only
 from gateway.policies import RunOwner
 
 log = logging.getLogger("coordinator.gateway")
@@ -157,9 +157,15 @@ class Backend(Protocol):
         ...
 
     async def run_action(
-        self, caller: BackendCaller, run_id: str, action: str, reason: str
+        self,
+        caller: BackendCaller,
+        run_id: str,
+        action: str,
+        reason: str,
+        verdict_wait: float | None = None,
     ) -> Document:
-        """reconcile, retry-same or cancel (recovery)."""
+        """reconcile, retry-same or cancel (recovery); ``verdict_wait`` shortens how long
+        retry-same waits for the dispatcher's verdict (the default wait when ``None``)."""
         ...
 
     async def operator_action(
@@ -342,12 +348,25 @@ class GrpcBackend:
         return RunOwner(workflow_id=reply.workflow_id, iss=reply.iss, sub=reply.sub)
 
     async def run_action(
-        self, caller: BackendCaller, run_id: str, action: str, reason: str
+        self,
+        caller: BackendCaller,
+        run_id: str,
+        action: str,
+        reason: str,
+        verdict_wait: float | None = None,
     ) -> Document:
         request = pb.RunActionRequest(
             caller=_proto_caller(caller), run_id=run_id, action=action, reason=reason
         )
-        reply = await call("recovery", self._recovery().RunAction, request, timeout=self._timeout)
+        wait = VERDICT_WAIT_SECONDS
+        if verdict_wait is not None:
+            wait = min(max(verdict_wait, 0.0), VERDICT_WAIT_SECONDS)
+            request.verdict_wait_ms = round(wait * 1000)
+        # retry-same may wait that long for the verdict after acting: the deadline allows it
+        # on top of the ordinary one, so a slow verdict is `pending`, not a lost answer.
+        reply = await call(
+            "recovery", self._recovery().RunAction, request, timeout=self._timeout + wait
+        )
         return {**status_document(reply.status), "result": reply.result}
 
     async def operator_action(

@@ -18,22 +18,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 
-from core.actions import exact_members
+from core.actions import bounded_int, exact_members, reference
 from core.canonical import unkept_place
 from core.clock import parse_offset_instant
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.runs import (
     ATTENTION_CAUSES,
+    DEFAULT_BULK_LIMIT,
     DEFAULT_LIST_LIMIT,
     LIST_ORDERS,
+    MAX_BULK_LIMIT,
     MAX_LIST_LIMIT,
     NEWEST,
     RUN_STATES,
@@ -47,6 +49,8 @@ MAX_JSON_DEPTH: Final = 32
 WORKFLOW_ID_PATTERN: Final = re.compile(r"[a-z][a-z0-9-]{0,62}")
 CURSOR_PATTERN: Final = re.compile(r"[\x21-\x7e]{1,512}")
 _LIMIT_DIGITS = re.compile(r"[0-9]{1,3}")
+
+T = TypeVar("T")
 
 
 class RequestInvalid(CoordinatorError):
@@ -223,6 +227,42 @@ class ListParameters:
     """An RFC 3339 date-time with an offset, as the caller wrote it."""
 
 
+def _attention(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise RequestInvalid(f"{where}: must be true or false")
+    return value
+
+
+def _state(value: object, where: str) -> str:
+    if not isinstance(value, str) or value not in RUN_STATES:
+        raise RequestInvalid(f"{where}: must be a run state")
+    return value
+
+
+def _workflow(value: object, where: str) -> str:
+    if not isinstance(value, str) or not WORKFLOW_ID_PATTERN.fullmatch(value):
+        raise RequestInvalid(f"{where}: must be a workflow id")
+    return value
+
+
+def _step(value: object, where: str) -> str:
+    if not isinstance(value, str) or not STEP_NAME.fullmatch(value):
+        raise RequestInvalid(f"{where}: must be a step id")
+    return value
+
+
+def _cause(value: object, where: str) -> str:
+    if not isinstance(value, str) or value not in ATTENTION_CAUSES:
+        raise RequestInvalid(f"{where}: must be one of " + ", ".join(ATTENTION_CAUSES))
+    return value
+
+
+def _instant(value: object, where: str) -> str:
+    if not isinstance(value, str) or parse_offset_instant(value) is None:
+        raise RequestInvalid(f"{where}: must be an RFC 3339 date-time with an offset")
+    return value
+
+
 def list_parameters(params: QueryParams) -> ListParameters:
     """Validate a list request's query; unknown or repeated parameters are refused."""
     for name in params:
@@ -235,11 +275,11 @@ def list_parameters(params: QueryParams) -> ListParameters:
             raise RequestInvalid("attention: must be true or false")
         attention = attention_text == "true"
     state = _single(params, "state")
-    if state is not None and state not in RUN_STATES:
-        raise RequestInvalid("state: must be a run state")
+    if state is not None:
+        _state(state, "state")
     workflow = _single(params, "workflow")
-    if workflow is not None and not WORKFLOW_ID_PATTERN.fullmatch(workflow):
-        raise RequestInvalid("workflow: must be a workflow id")
+    if workflow is not None:
+        _workflow(workflow, "workflow")
     limit_text = _single(params, "limit")
     limit = DEFAULT_LIST_LIMIT
     if limit_text is not None:
@@ -253,14 +293,82 @@ def list_parameters(params: QueryParams) -> ListParameters:
     if order not in LIST_ORDERS:
         raise RequestInvalid("order: must be newest or oldest")
     step = _single(params, "step")
-    if step is not None and not STEP_NAME.fullmatch(step):
-        raise RequestInvalid("step: must be a step id")
+    if step is not None:
+        _step(step, "step")
     cause = _single(params, "cause")
-    if cause is not None and cause not in ATTENTION_CAUSES:
-        raise RequestInvalid("cause: must be one of " + ", ".join(ATTENTION_CAUSES))
+    if cause is not None:
+        _cause(cause, "cause")
     updated_before = _single(params, "updatedBefore")
-    if updated_before is not None and parse_offset_instant(updated_before) is None:
-        raise RequestInvalid("updatedBefore: must be an RFC 3339 date-time with an offset")
+    if updated_before is not None:
+        _instant(updated_before, "updatedBefore")
     return ListParameters(
         attention, state, workflow, limit, cursor, order, step, cause, updated_before
+    )
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a bulk action chooses: the list's filters (each ``None`` when not given)."""
+
+    attention: bool | None = None
+    state: str | None = None
+    workflow: str | None = None
+    step: str | None = None
+    cause: str | None = None
+    updated_before: str | None = None
+
+
+_FILTER_MEMBERS: Final = ("attention", "state", "workflow", "step", "cause", "updatedBefore")
+_BULK_MEMBERS: Final = ("reason", "filter", "limit", "dryRun")
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    """The validated body of ``POST /v1/runs/bulk/{action}`` (CONTRACT §8.7)."""
+
+    reason: str
+    """The investigation reference every run's audit record carries."""
+    filter: RunFilter
+    """The runs to choose, as ``GET /v1/runs?order=oldest`` with these filters lists them."""
+    limit: int
+    """1..:data:`MAX_BULK_LIMIT`, default :data:`DEFAULT_BULK_LIMIT`."""
+    dry_run: bool
+    """Name the chosen runs and act on none."""
+
+
+def bulk_request(body: Mapping[str, Any]) -> BulkRequest:
+    """Validate a bulk action's body: ``reason`` and ``filter`` required, ``limit`` and
+    ``dryRun`` optional; every refusal names the JSON pointer at fault."""
+    if any(key not in _BULK_MEMBERS for key in body):
+        raise RequestInvalid("the body has a member this request does not take")
+    reason = reference(body, "reason")
+    found = body.get("filter")
+    if not isinstance(found, dict):
+        raise RequestInvalid("/filter: required, a JSON object of the list's filters")
+    if any(key not in _FILTER_MEMBERS for key in found):
+        raise RequestInvalid(
+            "/filter: may hold only " + ", ".join(_FILTER_MEMBERS) + " (the list's filters)"
+        )
+
+    def member(key: str, check: Callable[[object, str], T]) -> T | None:
+        return check(found[key], f"/filter/{key}") if key in found else None
+
+    limit = DEFAULT_BULK_LIMIT
+    if "limit" in body:
+        limit = bounded_int(body, "limit", 1, MAX_BULK_LIMIT)
+    dry_run = body.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise RequestInvalid("/dryRun: must be true or false")
+    return BulkRequest(
+        reason=reason,
+        filter=RunFilter(
+            attention=member("attention", _attention),
+            state=member("state", _state),
+            workflow=member("workflow", _workflow),
+            step=member("step", _step),
+            cause=member("cause", _cause),
+            updated_before=member("updatedBefore", _instant),
+        ),
+        limit=limit,
+        dry_run=dry_run,
     )

@@ -120,15 +120,26 @@ def authorize_run(
     return policy
 
 
+def allow_action(policies: Mapping[str, Policy], caller: Caller, action: str) -> Policy:
+    """The policy that lists ``action`` for the caller (403 when none does), before anything
+    of the request is read; which runs it may touch is :func:`list_scope`'s."""
+    return _allowed(policies, caller, action)
+
+
 def list_scope(
-    policies: Mapping[str, Policy], caller: Caller, workflow_id: str | None = None
+    policies: Mapping[str, Policy],
+    caller: Caller,
+    workflow_id: str | None = None,
+    action: str = LIST_ACTION,
 ) -> ListScope:
-    """The runs a list request may show, optionally narrowed to one workflow."""
-    policy = _allowed(policies, caller, LIST_ACTION)
+    """The runs a list request may show, optionally narrowed to one workflow; with another
+    ``action`` (a bulk action's), the runs the caller may do that to: the same workflows and
+    principals as that action on one run allows."""
+    policy = _allowed(policies, caller, action)
     workflows = _workflows(policy)
     if workflow_id is not None:
         if workflow_id not in workflows:
-            raise AuthorizationRefused(LIST_ACTION, workflow_id)
+            raise AuthorizationRefused(action, workflow_id)
         workflows = (workflow_id,)
     principal = None if policy.operator else (caller.iss, caller.sub)
     return ListScope(workflows=workflows, principal=principal)

@@ -26,13 +26,19 @@ from core.actions import ACTIONS, DEPLOYMENT, RUN, Action, operator_actions
 from core.codes import Code
 from core.config.model import Policy
 from core.errors import CoordinatorError
-from gateway import bodies
+from gateway import bodies, bulk
 from gateway.auditing import AuditNote, audited
 from gateway.auth import AuthenticationRefused, TokenVerifier, VerifiedToken
 from gateway.backend import Backend, BackendCaller, ListQuery
 from gateway.health import summarize
 from gateway.metrics import CONTENT_TYPE, HttpMetrics, merge, readiness_text
-from gateway.policies import authorize_deployment, authorize_run, authorize_start, is_operator
+from gateway.policies import (
+    allow_action,
+    authorize_deployment,
+    authorize_run,
+    authorize_start,
+    is_operator,
+)
 from gateway.policies import list_scope as policy_list_scope
 
 log = logging.getLogger("coordinator.gateway")
@@ -238,6 +244,37 @@ def _run_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
     return handler
 
 
+def _bulk_action(action: Action) -> Callable[[Request], Awaitable[Response]]:
+    """``POST /v1/runs/bulk/{action}`` (:mod:`gateway.bulk`)."""
+
+    async def handler(request: Request) -> Response:
+        ctx = context(request)
+        token = await authenticate(ctx, request)
+        async with audited(ctx.backend, token, bulk.audit_action(action.name)) as note:
+            # The policy must list the action before the body is read, as for one run.
+            allow_action(ctx.policies, token, action.name)
+            checked = bodies.bulk_request(await bodies.read_json_object(request))
+            note.reason = checked.reason
+            scope = policy_list_scope(ctx.policies, token, checked.filter.workflow, action.name)
+            run_ids = await bulk.choose(ctx.backend, scope, checked)
+            document: dict[str, Any] = {"dryRun": checked.dry_run, "matched": len(run_ids)}
+            if checked.dry_run:
+                document["runIds"] = run_ids
+            else:
+                document["results"] = await bulk.act_on_each(
+                    ctx.backend,
+                    token,
+                    backend_caller(ctx, token),
+                    action.name,
+                    checked.reason,
+                    run_ids,
+                )
+        return _json(document)
+
+    handler.__name__ = f"bulk_{action.name.replace('-', '_')}"
+    return handler
+
+
 # ----------------------------------------------------------------------------- operator
 
 
@@ -293,6 +330,13 @@ def main_routes() -> list[Route]:
         Route("/ready", ready, methods=["GET"]),
         _route("start", start),
         _acting("/v1/runs", list_runs, "GET"),
+    ]
+    # Bulk actions before one run's: /v1/runs/bulk/cancel is never a cancel of run "bulk".
+    routes += [
+        _acting(bulk.BULK_PATH.replace("{action}", action.name), _bulk_action(action), "POST")
+        for action in operator_actions(RUN)
+    ]
+    routes += [
         _route("status", status),
         _route("inspect", inspection),
     ]

@@ -30,8 +30,11 @@ HANDLERS: Final[Mapping[str, Action]] = MappingProxyType(
 :func:`core.actions.operator_actions`, as a test checks)."""
 
 
-async def run_action(env: RecoveryEnv, run_id: str, action: str, reason: str) -> dict[str, Any]:
-    """Carry out ``action`` on ``run_id``; answers the run's status with ``result``."""
+async def run_action(
+    env: RecoveryEnv, run_id: str, action: str, reason: str, verdict_wait: float | None = None
+) -> dict[str, Any]:
+    """Carry out ``action`` on ``run_id``; answers the run's status with ``result``.
+    ``verdict_wait`` shortens retry-same's wait for the dispatcher's verdict."""
     handler = HANDLERS.get(action)
     if handler is None:
         *others, last = HANDLERS
@@ -42,4 +45,6 @@ async def run_action(env: RecoveryEnv, run_id: str, action: str, reason: str) ->
         raise CoordinatorError(
             Code.REQUEST_INVALID, "reason: must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -"
         )
+    if action == "retry-same" and verdict_wait is not None:
+        return await retry_same(env, run_id, reason, verdict_wait)
     return await handler(env, run_id, reason)

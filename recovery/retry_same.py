@@ -39,6 +39,7 @@ import asyncpg
 from core.codes import Code
 from core.db.statements import RecoveryStepPollRow
 from core.errors import CoordinatorError
+from core.runs import VERDICT_WAIT_SECONDS
 from core.states import StepState, Transition
 from core.workflow.catalogue import DAY, connection_type
 from recovery.env import RecoveryEnv
@@ -55,10 +56,10 @@ from recovery.targets import (
     resolve_snapshot,
 )
 
-WAIT_SECONDS: Final = 10.0
-"""How long retry-same waits for the dispatcher's verdict before answering ``pending``."""
+WAIT_SECONDS: Final = VERDICT_WAIT_SECONDS
+"""How long retry-same waits for the dispatcher's verdict before answering ``pending``,
+unless the request asks for less (a bulk request shares one budget among its runs)."""
 POLL_SECONDS: Final = 0.05
-_POLLS: Final = int(WAIT_SECONDS / POLL_SECONDS)
 
 # The step states that are the dispatcher's verdict on the resent command.
 _VERDICTS: Final[dict[str, str]] = {
@@ -118,8 +119,12 @@ def _check_window(call: HeldCall, now_elapsed: float) -> None:
         )
 
 
-async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any]:
-    """Make the run's held call due again with its stored command; see the module docstring."""
+async def retry_same(
+    env: RecoveryEnv, run_id: str, reason: str, wait_seconds: float = WAIT_SECONDS
+) -> dict[str, Any]:
+    """Make the run's held call due again with its stored command; see the module docstring.
+    ``wait_seconds`` bounds the wait for the verdict (at most :data:`WAIT_SECONDS`; 0 answers
+    ``pending`` at once after the commit)."""
     queries = env.store.queries
     async with looking(env) as conn:
         run = await read_action_run(conn, env, run_id, refuse_erased=True)
@@ -159,7 +164,8 @@ async def retry_same(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, An
         return row.attempts
 
     attempts = await in_transaction(env, make_ready)
-    result = await _verdict(env, run_id, step.step_id, attempts)
+    wait = min(max(wait_seconds, 0.0), WAIT_SECONDS)
+    result = await _verdict(env, run_id, step.step_id, attempts, wait)
     async with env.store.connection() as conn:
         return await answer(conn, env, run_id, result)
 
@@ -178,11 +184,11 @@ def _judge(row: RecoveryStepPollRow | None, attempts: int) -> str | None:
     return None
 
 
-async def _verdict(env: RecoveryEnv, run_id: str, step_id: str, attempts: int) -> str:
-    """Poll the step until the dispatcher has answered, at most :data:`WAIT_SECONDS`."""
+async def _verdict(env: RecoveryEnv, run_id: str, step_id: str, attempts: int, wait: float) -> str:
+    """Poll the step until the dispatcher has answered, at most ``wait`` seconds."""
     sleep = env.sleep or asyncio.sleep
-    ends = time.monotonic() + WAIT_SECONDS
-    for _ in range(_POLLS):
+    ends = time.monotonic() + wait
+    for _ in range(int(wait / POLL_SECONDS)):
         await sleep(POLL_SECONDS)
         async with env.store.connection() as conn:
             row = await env.store.queries.recovery_step_poll(conn, run_id=run_id, step_id=step_id)

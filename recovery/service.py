@@ -145,8 +145,9 @@ class RecoveryService(pb_grpc.RecoveryServicer):
         self, request: pb.RunActionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ActionReply:
         await self._activation_unchanged()
+        wait = request.verdict_wait_ms / 1000 if request.HasField("verdict_wait_ms") else None
         document = await actions.run_action(
-            self._actions_env(), request.run_id, request.action, request.reason
+            self._actions_env(), request.run_id, request.action, request.reason, wait
         )
         return pb.ActionReply(status=status_message(document), result=document["result"])
 

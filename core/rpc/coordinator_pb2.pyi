@@ -513,10 +513,16 @@ class RunActionRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    VERDICT_WAIT_MS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     action: _builtins.str
     """reconcile, retry-same or cancel"""
     reason: _builtins.str
+    verdict_wait_ms: _builtins.int
+    """How long retry-same may wait for the dispatcher's verdict before it answers `pending`
+    (the resend happens either way); unset waits the whole default (recovery/retry_same.py).
+    A bulk request shares one budget among its runs and passes what is left of it.
+    """
     @_builtins.property
     def caller(self) -> Global___Caller: ...
     def __init__(
@@ -526,12 +532,15 @@ class RunActionRequest(_message.Message):
         run_id: _builtins.str = ...,
         action: _builtins.str = ...,
         reason: _builtins.str = ...,
+        verdict_wait_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["caller", b"caller"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_verdict_wait_ms", b"_verdict_wait_ms", "caller", b"caller", "verdict_wait_ms", b"verdict_wait_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "caller", b"caller", "reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_verdict_wait_ms", b"_verdict_wait_ms", "action", b"action", "caller", b"caller", "reason", b"reason", "run_id", b"run_id", "verdict_wait_ms", b"verdict_wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__verdict_wait_ms: _TypeAlias = _typing.Literal["verdict_wait_ms"]  # noqa: Y015
+    _WhichOneofArgType__verdict_wait_ms: _TypeAlias = _typing.Literal["_verdict_wait_ms", b"_verdict_wait_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__verdict_wait_ms) -> _WhichOneofReturnType__verdict_wait_ms | None: ...
 
 Global___RunActionRequest: _TypeAlias = RunActionRequest  # noqa: Y015
 

@@ -168,6 +168,11 @@ class FakeBackend:
         self.audit_called = asyncio.Event()
         self.health: tuple[ComponentHealth, ...] = healthy()
         self.metric_texts: tuple[str, ...] = ()
+        self.listed: list[str] | None = None
+        """The run ids :meth:`list` pages through (one run, RUN_A, when unset)."""
+        self.run_refusals: dict[str, CoordinatorError] = {}
+        """What :meth:`run_action` refuses, by run id."""
+        self.verdict_waits: list[float | None] = []
 
     def _act(self, name: str, detail: Any) -> None:
         self.log.append((name, detail))
@@ -200,10 +205,21 @@ class FakeBackend:
 
     async def list(self, query: ListQuery) -> Document:
         self._act("list", query)
+        if self.listed is None:
+            return {
+                "runs": [status_document(RUN_A)],
+                "nextCursor": None,
+                "total": 1,
+                "totalIsEstimate": False,
+            }
+        # Pages of the listed ids; the cursor is the position of the next page.
+        first = int(query.cursor or 0)
+        page = self.listed[first : first + query.limit]
+        following = first + len(page)
         return {
-            "runs": [status_document(RUN_A)],
-            "nextCursor": None,
-            "total": 1,
+            "runs": [status_document(run_id, "held") for run_id in page],
+            "nextCursor": str(following) if following < len(self.listed) else None,
+            "total": len(self.listed),
             "totalIsEstimate": False,
         }
 
@@ -216,9 +232,18 @@ class FakeBackend:
         return self.owners.get(run_id)
 
     async def run_action(
-        self, caller: BackendCaller, run_id: str, action: str, reason: str
+        self,
+        caller: BackendCaller,
+        run_id: str,
+        action: str,
+        reason: str,
+        verdict_wait: float | None = None,
     ) -> Document:
         self._act("run_action", (caller, run_id, action, reason))
+        self.verdict_waits.append(verdict_wait)
+        refusal = self.run_refusals.get(run_id)
+        if refusal is not None:
+            raise refusal
         return {**status_document(run_id), "result": {"action": action}}
 
     async def operator_action(

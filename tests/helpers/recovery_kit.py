@@ -347,11 +347,11 @@ class RecoveryStack(FaultStack):
 
     # ---- coordinatorctl
 
-    def ctl(self, *args: str, role: str = "operator") -> CtlResult:
+    def ctl(self, *args: str, role: str = "operator", timeout: float = 60) -> CtlResult:
         """Run ``coordinatorctl ARGS --url … --token-file …`` (an API command)."""
         command = [*args, "--url", self.local.url, "--token-file", str(self.token_files[role])]
         result = subprocess.run(
-            [CTL, *command], capture_output=True, text=True, timeout=60, check=False
+            [CTL, *command], capture_output=True, text=True, timeout=timeout, check=False
         )
         return CtlResult(tuple(args), result.returncode, result.stdout, result.stderr)
 

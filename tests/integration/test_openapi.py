@@ -650,6 +650,16 @@ async def test_runs_and_run_actions_answer_as_documented(stack: Stack) -> None:
     actions = check(listed, "GET", "/v1/runs/{runId}/inspection")["lastOperatorActions"]
     assert [action["kind"] for action in actions] == ["cancel"]
 
+    # A bulk reconcile of the running runs: the other run only, refused as one would be.
+    bulk = "/v1/runs/bulk/reconcile"
+    body = {"reason": "INC-7", "filter": {"state": "running"}, "limit": 5}
+    dry = await stack.api.post(bulk, json={**body, "dryRun": True}, headers=CASE_OPERATOR)
+    assert check(dry, "POST", bulk) == {"dryRun": True, "matched": 1, "runIds": [other_id]}
+    real = await stack.api.post(bulk, json=body, headers=CASE_OPERATOR)
+    assert check(real, "POST", bulk)["results"] == [
+        {"runId": other_id, "code": "reconcile.refused"}
+    ]
+
     # Retention erases the cancelled run; its start key then answers run.payload-erased.
     before = datetime.now(UTC).isoformat()
     later = (datetime.now(UTC) + timedelta(days=1)).isoformat()

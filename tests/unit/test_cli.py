@@ -426,6 +426,71 @@ def test_the_attention_list_shows_each_runs_step_and_since_when(ctl: Ctl) -> Non
     assert code == 2 and "'sideways' is not one of" in err
 
 
+def test_bulk_posts_the_filters_and_prints_the_dry_runs_runs(ctl: Ctl) -> None:
+    ctl.recorder.answer = (
+        200,
+        "application/json",
+        {"dryRun": True, "matched": 2, "runIds": ["r-1", "r-2"]},
+    )
+    code, out, _ = ctl(
+        "bulk", "retry-same", "--reason", "INC-2041", "--attention", "true",
+        "--cause", "status-5xx", "--state", "held", "--limit", "1000", "--dry-run",
+    )  # fmt: skip
+    assert code == 0
+    assert out.strip().splitlines() == [
+        "runId",
+        "r-1",
+        "r-2",
+        "retry-same would act on 2 runs (dry run)",
+    ]
+    (request,) = ctl.recorder.requests
+    assert (request["method"], request["path"]) == ("POST", "/v1/runs/bulk/retry-same")
+    assert request["body"] == {
+        "reason": "INC-2041",
+        "filter": {"attention": True, "state": "held", "cause": "status-5xx"},
+        "limit": 1000,
+        "dryRun": True,
+    }
+
+
+def test_bulk_prints_each_runs_result_or_code_and_a_tally(ctl: Ctl) -> None:
+    results = [
+        {"runId": "r-1", "result": "accepted"},
+        {"runId": "r-2", "code": "retry.refused"},
+        {"runId": "r-3", "result": "accepted"},
+    ]
+    ctl.recorder.answer = (
+        200,
+        "application/json",
+        {"dryRun": False, "matched": 3, "results": results},
+    )
+    code, out, _ = ctl("bulk", "cancel", "--reason", "INC-2041")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert [line.split() for line in lines[1:4]] == [
+        ["r-1", "accepted", "-"],
+        ["r-2", "-", "retry.refused"],
+        ["r-3", "accepted", "-"],
+    ]
+    assert lines[-1] == "cancel on 3 runs: accepted 2, retry.refused 1"
+    # No filter: an empty one, and the default limit.
+    assert ctl.recorder.requests[0]["body"] == {"reason": "INC-2041", "filter": {}, "limit": 100}
+
+
+def test_bulk_refuses_a_bad_action_limit_or_reason_before_asking(ctl: Ctl) -> None:
+    for args in (
+        ("bulk", "erase", "--reason", "INC-1"),
+        ("bulk", "cancel", "--reason", "INC-1", "--limit", "1001"),
+        ("bulk", "cancel", "--reason", "INC-1", "--limit", "0"),
+        ("bulk", "cancel"),
+    ):
+        code, _, _ = ctl(*args)
+        assert code == 2, args
+    code, _, err = ctl("bulk", "cancel", "--reason", "not a reference")
+    assert code == 1 and "coordinator.request.invalid" in err
+    assert ctl.recorder.requests == []
+
+
 def test_list_by_state_takes_a_run_state_and_refuses_anything_else_before_asking(
     ctl: Ctl,
 ) -> None:

@@ -7,13 +7,17 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.actions import members_of
 from core.errors import CoordinatorError
 from core.rpc import coordinator_pb2_grpc as pb_grpc
+from core.rpc import transport
 from core.rpc.transport import Endpoints, server, unix_endpoints
+from core.runs import VERDICT_WAIT_SECONDS
+from gateway import backend as gateway_backend
 from gateway.backend import AuditRecord, BackendCaller, GrpcBackend, ListQuery
 from gateway.policies import RunOwner
 from tests.helpers.gateway_kit import (
@@ -142,6 +146,28 @@ async def test_run_action_refusal(backend: GrpcBackend, stack: Stack) -> None:
         await backend.run_action(CALLER, RUN_A, "reconcile", "INC-1")
     assert refused.value.code == "reconcile.unsupported"
     assert stack.recovery.requests[0].reason == "INC-1"
+
+
+async def test_run_action_deadline_allows_the_verdict_wait(
+    backend: GrpcBackend, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # retry-same may wait its whole verdict wait after acting: the call's deadline must
+    # allow that on top of the ordinary one, or a `pending` answer arrives as a 503.
+    deadlines: list[float] = []
+    real_call = transport.call
+
+    async def recording(component: str, method: Any, request: Any, *, timeout: float) -> Any:
+        deadlines.append(timeout)
+        return await real_call(component, method, request, timeout=timeout)
+
+    monkeypatch.setattr(gateway_backend, "call", recording)
+    for wait in (None, 2.5, 0.0, 99.0):
+        with pytest.raises(CoordinatorError):
+            await backend.run_action(CALLER, RUN_A, "retry-same", "INC-1", wait)
+    assert deadlines == [5.0 + VERDICT_WAIT_SECONDS, 7.5, 5.0, 5.0 + VERDICT_WAIT_SECONDS]
+    sent = stack.recovery.requests
+    assert [r.HasField("verdict_wait_ms") for r in sent] == [False, True, True, True]
+    assert [r.verdict_wait_ms for r in sent[1:]] == [2500, 0, 10000]
 
 
 async def test_an_answer_without_its_run_is_an_internal_failure(backend: GrpcBackend) -> None:

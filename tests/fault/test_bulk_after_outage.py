@@ -1,0 +1,112 @@
+"""A Messaging outage holds a thousand runs; one bulk retry-same settles them (CONTRACT §8.7,
+§10.2): the whole stack as real processes, driven through ``coordinatorctl bulk``.
+
+During the outage the stand-in processed every notice and then answered 500, so each run
+is held with its effect unknown. After it, the operator looks first (``--dry-run``), then
+acts. The dry run must name exactly the runs the real call acts on. Each run's resend must
+carry its original key, and the stand-in's ledger must show it received twice and processed
+once. The journal must hold one ``retry-same`` record per run with the reason, plus the
+bulk request's own records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from auditd.journal import keyed_ref
+from devstack.postgres import PostgresCluster
+from tests.helpers.recovery_kit import (
+    MESSAGING,
+    RecoveryStack,
+    started_recovery_stack,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+HELD_RUNS = 1000
+REASON = "INC-2041-messaging-outage"
+FILTERS = ("--attention", "true", "--cause", "status-5xx", "--limit", str(HELD_RUNS))
+
+
+@pytest.fixture(scope="module")
+def stack(postgres_server: PostgresCluster) -> Iterator[RecoveryStack]:
+    with started_recovery_stack(postgres_server, "coordinator_bulk_outage") as running:
+        yield running
+
+
+def _total(stack: RecoveryStack, query: str) -> int:
+    answer = stack.get(f"/v1/runs?limit=1&{query}")
+    answer.raise_for_status()
+    return int(answer.json()["total"])
+
+
+def test_one_bulk_retry_same_settles_a_thousand_held_runs(stack: RecoveryStack) -> None:
+    stack.fault_on(MESSAGING, "fail-after", HELD_RUNS)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        started = list(pool.map(lambda n: stack.start_run(f"person-{n}"), range(HELD_RUNS)))
+    wait_for(
+        lambda: _total(stack, "attention=true&cause=status-5xx") == HELD_RUNS,
+        f"{HELD_RUNS} runs held after the outage",
+        timeout=240,
+    )
+    stack.clear_fault_on(MESSAGING)
+    before = stack.stats_of(MESSAGING)
+    assert all(before["processed"].get(stack.key_of(run_id)) == 1 for run_id in started)
+
+    dry = stack.ctl(
+        "bulk", "retry-same", "--reason", REASON, *FILTERS, "--dry-run", "--output", "json"
+    )
+    assert dry.document["dryRun"] is True
+    assert dry.document["matched"] == HELD_RUNS
+    assert sorted(dry.document["runIds"]) == sorted(started)
+    # The dry run resent nothing.
+    assert stack.stats_of(MESSAGING)["received"] == before["received"]
+
+    began = time.monotonic()
+    real = stack.ctl(
+        "bulk", "retry-same", "--reason", REASON, *FILTERS, "--output", "json", timeout=600
+    )
+    took = time.monotonic() - began
+    assert real.returncode == 0, real.stderr
+    results = real.document["results"]
+    assert real.document["matched"] == HELD_RUNS
+    # Exactly the runs the dry run named, in the same order (the runs held longest first).
+    assert [entry["runId"] for entry in results] == dry.document["runIds"]
+    verdicts = [entry.get("result") for entry in results]
+    assert not [entry for entry in results if "code" in entry], results
+    assert set(verdicts) <= {"accepted", "pending"}, set(verdicts)
+    print(
+        f"bulk retry-same of {HELD_RUNS} held runs: {took:.1f} s, "
+        f"{verdicts.count('accepted')} accepted, {verdicts.count('pending')} pending"
+    )
+
+    wait_for(
+        lambda: _total(stack, "state=succeeded") == HELD_RUNS,
+        "every resent run finished",
+        timeout=240,
+    )
+    assert _total(stack, "attention=true") == 0
+    # One resend each, under the original key, answered from the stand-in's record.
+    after = stack.stats_of(MESSAGING)
+    keys = [stack.key_of(run_id) for run_id in started]
+    assert {after["received"].get(key) for key in keys} == {2}
+    assert {after["processed"].get(key) for key in keys} == {1}
+    assert stack.twice() == []
+
+    # The journal: each run's retry-same with the reason, and the two bulk requests.
+    records = stack.audit_records()
+    per_run = [r for r in records if r["action"] == "retry-same"]
+    assert sorted(r["runRef"] for r in per_run) == sorted(
+        keyed_ref(stack.audit_key, run_id) for run_id in started
+    )
+    assert {(r["outcome"], r["reason"]) for r in per_run} == {("ok", REASON)}
+    bulk = [r for r in records if r["action"] == "bulk-retry-same"]
+    assert [(r["outcome"], r["reason"]) for r in bulk] == [("ok", REASON), ("ok", REASON)]
+    assert all("runRef" not in r or r["runRef"] is None for r in bulk)
+    # The bulk request's record comes after every run's.
+    assert records.index(bulk[-1]) > max(records.index(r) for r in per_run)
