@@ -82,6 +82,11 @@ FIRST: Final = "-"
 TRAIL_LIMIT: Final = 200
 """The most earlier pages the attention list remembers for "Previous page" (its cursors
 travel in the page's own address)."""
+BULK_PREVIEW: Final = 100
+"""Run ids a bulk preview lists by name (the count covers them all)."""
+BULK_TIMEOUT_SECONDS: Final = 600.0
+"""How long the console waits for a bulk action's answer (a thousand runs take a while)."""
+MAX_BULK_LIMIT: Final = 1000
 FORM_LIMIT: Final = 8192
 """The largest form body the console reads (a reference is at most 128 characters)."""
 ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
@@ -113,8 +118,19 @@ CAUSES: Final = {
     "token-refused": "the issuer refused the connection's token; nothing was sent",
     "tls-refused": "the product's or issuer's TLS certificate failed verification; "
     "nothing was sent",
+    "retrying": "the call has been retried automatically for longer than the deployment "
+    "allows without an operator",
 }
 """What each inspection ``cause`` means, in a few words."""
+
+RETRY_CAUSES: Final = {
+    "never-connected": "no connection could be made",
+    "tls-refused": "TLS verification failed",
+    "token-refused": "the issuer refused the token",
+    "status-429": "the product answered 429 (too many requests)",
+    "status-503": "the product answered 503 (unavailable)",
+}
+"""What a retried call's ``retry.lastCause`` means, in a few words."""
 
 
 # ------------------------------------------------------------------------------- settings
@@ -226,6 +242,7 @@ class Api:
         *,
         params: Mapping[str, str] | None = None,
         body: Mapping[str, Any] | None = None,
+        timeout: float = api.TIMEOUT_SECONDS,
     ) -> Any:
         """One request; the JSON of a 2xx answer, or :class:`Refused` with the problem."""
         try:
@@ -235,7 +252,12 @@ class Api:
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         try:
             answer = await self._client.request(
-                method, self._base + path, params=params, json=body, headers=headers
+                method,
+                self._base + path,
+                params=params,
+                json=body,
+                headers=headers,
+                timeout=timeout,
             )
         except httpx.HTTPError:
             raise Refused(
@@ -301,7 +323,7 @@ def reason(entry: Mapping[str, Any]) -> str:
     step = entry.get("attentionStep")
     if isinstance(step, Mapping):
         name, cause = step.get("step"), step.get("cause")
-        if cause in ("token-refused", "tls-refused"):
+        if cause in ("token-refused", "tls-refused", "retrying"):
             return f"{name}: {CAUSES[str(cause)]}"
         if cause:
             return f"{name}: effect unknown ({cause_text(step)})"
@@ -380,6 +402,24 @@ def wait_text(step: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def retry_text(step: Mapping[str, Any]) -> str:
+    """A call waiting for its next automatic attempt: why the last one did not go through,
+    when it was, when the next one is due and until when it will be retried."""
+    retry = step.get("retry")
+    if not isinstance(retry, dict):
+        return ""
+    cause = str(retry.get("lastCause") or "")
+    text = RETRY_CAUSES.get(cause, cause)
+    if retry.get("lastStatus") and not cause.startswith("status-"):
+        text += f" (HTTP {retry['lastStatus']})"
+    parts = [f"retrying: {text} at {retry.get('lastAttemptAt')}"]
+    if retry.get("nextAttemptAt"):
+        parts.append(f"next attempt {retry['nextAttemptAt']}")
+    if retry.get("deadlineAt"):
+        parts.append(f"gives up at {retry['deadlineAt']}")
+    return "; ".join(parts)
+
+
 # ------------------------------------------------------------------------------- sessions
 
 
@@ -393,6 +433,8 @@ class Sessions:
     """What the API answered a session's last action on a run, shown once on the run's page
     after the redirect (``(session, run id)`` → ``action: result``). Kept here, never in the
     address: a link cannot make a page claim an action happened."""
+    bulk_results: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """A session's last bulk action and the API's answer to it, shown once."""
 
     def open(self) -> str:
         session = secrets.token_urlsafe(32)
@@ -506,6 +548,8 @@ class Console:
             previous_link=previous_link,
             filters=filters,
             causes=ATTENTION_CAUSES,
+            bulk_actions=FORMS,
+            bulk_limit=min(MAX_BULK_LIMIT, max(1, int(listing.get("total") or 0))),
         )
 
     async def run(
@@ -534,7 +578,7 @@ class Console:
             session,
             status=refusal.status if refusal is not None else 200,
             run=inspection,
-            steps=[{**s, "waiting": wait_text(s)} for s in steps],
+            steps=[{**s, "waiting": wait_text(s), "retrying": retry_text(s)} for s in steps],
             picture=picture(workflow, steps, state),
             knows_workflow=workflow is not None,
             current=current_step(steps, state),
@@ -552,6 +596,63 @@ class Console:
         except Refused as refused:
             return self.problem_page(refused.problem, session, "Doctor")
         return self.page("doctor.html", session, report=report, state_labels=STATE_LABELS)
+
+    async def bulk(self, request: Request, session: str) -> Response:
+        """The bulk form of the attention page: a dry run first, shown for the operator to
+        confirm; the confirmed form acts, and its answer is shown once at /bulk/result."""
+        form = await _form(request)
+        if form is None or not self.sessions.csrf_matches(session, form.get("csrf", "")):
+            problem = Problem.local(
+                403, Code.AUTHORIZATION_REFUSED, "the form's CSRF token is missing or wrong"
+            )
+            return self.problem_page(problem, session, "Bulk action")
+        action = form.get("action", "")
+        if action not in FORMS:
+            return self.problem_page(
+                Problem.local(404, Code.NOT_FOUND, "no such action"), session, "Bulk action"
+            )
+        body = bulk_body(form)
+        path = f"/v1/runs/bulk/{action}"
+        confirmed = form.get("confirm") == "yes"
+        try:
+            answer = await self.api.call(
+                "POST",
+                path,
+                body=body if confirmed else {**body, "dryRun": True},
+                timeout=BULK_TIMEOUT_SECONDS,
+            )
+        except Refused as refused:
+            return self.problem_page(refused.problem, session, "Bulk action")
+        if confirmed:
+            self.sessions.bulk_results[session] = (action, answer)
+            return RedirectResponse("/bulk/result", status_code=303)
+        run_ids = [str(run_id) for run_id in answer.get("runIds") or []]
+        return self.page(
+            "bulk.html",
+            session,
+            action=action,
+            matched=int(answer.get("matched") or 0),
+            shown=run_ids[:BULK_PREVIEW],
+            reason=body["reason"],
+            limit=body["limit"],
+            filters={k: v for k, v in body["filter"].items() if k != "attention"},
+        )
+
+    async def bulk_result(self, request: Request, session: str) -> Response:
+        """The answer to this session's last confirmed bulk action, once."""
+        found = self.sessions.bulk_results.pop(session, None)
+        if found is None:
+            return RedirectResponse("/", status_code=303)
+        action, answer = found
+        results = list(answer.get("results") or [])
+        return self.page(
+            "bulk_result.html",
+            session,
+            action=action,
+            matched=int(answer.get("matched") or 0),
+            results=results,
+            tally=tally(results),
+        )
 
     async def act(self, request: Request, session: str) -> Response:
         run_id, action = request.path_params["run_id"], request.path_params["action"]
@@ -579,6 +680,27 @@ class Console:
         return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
 
 
+def bulk_body(form: Mapping[str, str]) -> dict[str, Any]:
+    """The API body of a bulk form: the attention list's filters as the page had them, the
+    reason and the limit as typed (the API checks them and says what is wrong)."""
+    limit_text = form.get("limit", "").strip()
+    limit: int | str = (
+        int(limit_text) if limit_text.isdigit() and len(limit_text) < 6 else limit_text
+    )
+    filters: dict[str, Any] = {"attention": True}
+    filters |= {name: form[name] for name in ATTENTION_FILTERS if form.get(name)}
+    return {"reason": form.get("reason", ""), "filter": filters, "limit": limit}
+
+
+def tally(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """How many runs answered each result or refusal code, most common first."""
+    counts: dict[str, int] = {}
+    for entry in results:
+        word = str(entry.get("result") or entry.get("code") or "-")
+        counts[word] = counts.get(word, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
 async def _form(request: Request) -> dict[str, str] | None:
     """An ``application/x-www-form-urlencoded`` body of at most :data:`FORM_LIMIT` bytes."""
     if request.headers.get("content-type", "").split(";")[0].strip() != (
@@ -591,7 +713,7 @@ async def _form(request: Request) -> dict[str, str] | None:
         if len(body) > FORM_LIMIT:
             return None
     try:
-        fields = parse_qs(body.decode("ascii"), keep_blank_values=True, max_num_fields=8)
+        fields = parse_qs(body.decode("ascii"), keep_blank_values=True, max_num_fields=16)
     except (UnicodeDecodeError, ValueError):
         return None
     return {name: values[0] for name, values in fields.items() if len(values) == 1}
@@ -638,6 +760,8 @@ def create_app(settings: Settings, origin: str, api_client: Api | None = None) -
         Route("/", signed_in(console.attention)),
         Route("/go", signed_in(go)),
         Route("/doctor", signed_in(console.doctor)),
+        Route("/bulk", signed_in(console.bulk), methods=["POST"]),
+        Route("/bulk/result", signed_in(console.bulk_result)),
         Route("/runs/{run_id}", signed_in(console.run)),
         Route("/runs/{run_id}/{action}", signed_in(console.act), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

@@ -26,7 +26,10 @@ for screenshots; the newest few sessions' folders are kept.
 from __future__ import annotations
 
 import os
+import re
+import select
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +41,59 @@ from playwright.sync_api import Browser as PlaywrightBrowser
 from playwright.sync_api import BrowserType, Playwright, sync_playwright
 
 from devstack.browser import Browser, BrowserError, ensure_installed
+from tests.helpers.recovery_kit import CTL, RecoveryStack
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS_ROOT = ROOT / ".cache" / "test-artifacts" / "console"
 KEEP_SESSIONS = 3
+CONSOLE_START_SECONDS = 30.0
+
+
+@pytest.fixture(scope="module")
+def console_url(request: pytest.FixtureRequest, stack: RecoveryStack) -> Iterator[str]:
+    """``coordinatorctl console`` serving the module's ``stack`` (a fixture each module
+    defines); the URL it printed, with its key. At the end the console's own log must hold
+    no token, and not the module's ``SUBJECT`` (the runs' input value) when it has one."""
+    command = [
+        CTL,
+        "--runtime-config",
+        str(stack.local.runtime_file),
+        "console",
+        "--url",
+        stack.local.url,
+        "--token-file",
+        str(stack.token_files["operator"]),
+    ]
+    log_path = stack.workdir / "console.log"
+    with (
+        log_path.open("wb") as log,
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, **stack.env()},
+            text=True,
+        ) as process,
+    ):
+        try:
+            assert process.stdout is not None
+            ready, _, _ = select.select([process.stdout], [], [], CONSOLE_START_SECONDS)
+            assert ready, f"coordinatorctl console printed nothing: {log_path.read_text()}"
+            line = process.stdout.readline().strip()
+            found = re.fullmatch(r"console: (http://127\.0\.0\.1:\d+/\?key=[A-Za-z0-9_-]+)", line)
+            assert found, f"unexpected first line: {line!r} {log_path.read_text()}"
+            yield found.group(1)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    logged = log_path.read_text("utf-8", "replace")
+    assert stack.operator_token not in logged
+    subject = getattr(request.module, "SUBJECT", None)
+    assert subject is None or subject not in logged
 
 
 @pytest.fixture(scope="session")

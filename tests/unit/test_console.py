@@ -108,6 +108,12 @@ def _inspection(run_id: str) -> dict[str, Any]:
                 "state": "ready",
                 "attempts": 2,
                 "cause": "token-refused",
+                "retry": {
+                    "lastCause": "token-refused",
+                    "lastAttemptAt": "2027-01-06T09:04:00.000Z",
+                    "nextAttemptAt": "2027-01-06T09:08:00.000Z",
+                    "deadlineAt": "2027-01-06T13:00:00.000Z",
+                },
                 "startedAt": "2027-01-06T09:00:00.000Z",
             }
         ]
@@ -164,6 +170,21 @@ class FakeApi:
             return httpx.Response(200, json=_inspection(match.group(1)))
         if path == "/v1/operator/doctor":
             return httpx.Response(200, json=_DOCTOR)
+        match = re.fullmatch(r"/v1/runs/bulk/(reconcile|retry-same|cancel)", path)
+        if match and request.method == "POST":
+            if self.refuse_with is not None:
+                return self.refuse_with
+            chosen = [HELD, WAITING][: int(body["limit"]) if body else 2]
+            if body and body.get("dryRun"):
+                return httpx.Response(
+                    200, json={"dryRun": True, "matched": len(chosen), "runIds": chosen}
+                )
+            results = [{"runId": HELD, "result": "accepted"}]
+            if len(chosen) > 1:
+                results.append({"runId": WAITING, "code": "retry.refused"})
+            return httpx.Response(
+                200, json={"dryRun": False, "matched": len(chosen), "results": results}
+            )
         match = re.fullmatch(r"/v1/runs/([^/]+)/(reconcile|retry-same|cancel)", path)
         if match and request.method == "POST":
             if self.refuse_with is not None:
@@ -420,6 +441,122 @@ async def test_a_valid_form_sends_the_reference_and_shows_the_result(
     assert '<p class="notice" role="status">reconcile: accepted</p>' in shown
     # Shown once: the page after that is the run's page alone.
     assert "reconcile: accepted" not in (await client.get(f"/runs/{HELD}")).text
+
+
+async def test_a_bulk_action_is_previewed_by_a_dry_run_then_done_once_confirmed(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    page = (await client.get("/?cause=status-5xx&step=send-approval")).text
+    token = _csrf(page)
+    assert 'action="/bulk"' in page and 'name="limit" type="number"' in page
+    assert 'value="2"' in page  # the list's total, as the default limit
+    form = {
+        "csrf": token,
+        "action": "retry-same",
+        "reason": "INC-2041",
+        "limit": "2",
+        "cause": "status-5xx",
+        "step": "send-approval",
+    }
+    preview = await client.post("/bulk", data=form)
+    assert preview.status_code == 200
+    assert "<strong>retry-same</strong> would act on <strong>2</strong> runs" in preview.text
+    assert HELD in preview.text and WAITING in preview.text
+    assert 'name="confirm" value="yes"' in preview.text
+    method, path, body, _ = fake.sent[-1]
+    assert (method, path) == ("POST", "/v1/runs/bulk/retry-same")
+    assert body == {
+        "reason": "INC-2041",
+        "filter": {"attention": True, "step": "send-approval", "cause": "status-5xx"},
+        "limit": 2,
+        "dryRun": True,
+    }
+    # Nothing was acted on yet: the only bulk request so far is the dry run.
+    assert [b for m, p, b, _ in fake.sent if p.startswith("/v1/runs/bulk/")] == [body]
+
+    done = await client.post("/bulk", data={**form, "confirm": "yes"})
+    assert done.status_code == 303 and done.headers["location"] == "/bulk/result"
+    assert fake.sent[-1][2] == {k: v for k, v in body.items() if k != "dryRun"}
+    shown = (await client.get("/bulk/result")).text
+    assert "retry-same on 2 runs: accepted 1, retry.refused 1." in shown
+    assert "<code>retry.refused</code>" in shown
+    # Shown once, from the session: the address cannot bring it back.
+    again = await client.get("/bulk/result")
+    assert again.status_code == 303 and again.headers["location"] == "/"
+
+
+async def test_a_bulk_form_without_its_token_or_with_a_bad_action_sends_nothing(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    token = _csrf((await client.get("/")).text)
+    before = len(fake.sent)
+    forged = await client.post("/bulk", data={"action": "cancel", "reason": "INC-1", "limit": "5"})
+    assert forged.status_code == 403
+    unknown = await client.post(
+        "/bulk", data={"csrf": token, "action": "erase", "reason": "INC-1", "limit": "5"}
+    )
+    assert unknown.status_code == 404
+    assert fake.sent[before:] == []
+
+
+async def test_a_refused_bulk_action_shows_the_problem(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    token = _csrf((await client.get("/")).text)
+    fake.refuse_with = _problem(400, "request.invalid", "/limit: must be an integer from 1 to 1000")
+    answer = await client.post(
+        "/bulk", data={"csrf": token, "action": "cancel", "reason": "INC-1", "limit": "5000"}
+    )
+    assert answer.status_code == 400
+    assert "/limit: must be an integer from 1 to 1000" in answer.text
+    assert fake.sent[-1][2] == {
+        "reason": "INC-1",
+        "filter": {"attention": True},
+        "limit": 5000,
+        "dryRun": True,
+    }
+
+
+async def test_a_call_being_retried_shows_its_last_cause_next_attempt_and_deadline(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get(f"/runs/{WAITING}")).text
+    assert (
+        "retrying: the issuer refused the token at 2027-01-06T09:04:00.000Z; "
+        "next attempt 2027-01-06T09:08:00.000Z; gives up at 2027-01-06T13:00:00.000Z"
+    ) in page
+    # A step without a retry shows none.
+    assert "retrying:" not in (await client.get(f"/runs/{HELD}")).text
+
+
+@pytest.mark.parametrize(
+    ("retry", "shown"),
+    [
+        (
+            {"lastCause": "status-503", "lastStatus": 503, "lastAttemptAt": "T1"},
+            "retrying: the product answered 503 (unavailable) at T1",
+        ),
+        (
+            {"lastCause": "never-connected", "lastAttemptAt": "T1", "nextAttemptAt": "T2"},
+            "retrying: no connection could be made at T1; next attempt T2",
+        ),
+    ],
+)
+def test_retry_text_says_why_and_when(retry: dict[str, Any], shown: str) -> None:
+    assert web.retry_text({"retry": retry}) == shown
+    assert web.retry_text({}) == ""
+
+
+def test_a_run_retried_too_long_says_so_in_the_attention_list() -> None:
+    entry = {"attentionStep": {"step": "send-notice", "cause": "retrying", "since": "T"}}
+    assert web.reason(entry) == (
+        "send-notice: the call has been retried automatically for longer than the "
+        "deployment allows without an operator"
+    )
 
 
 async def test_the_address_cannot_make_a_page_claim_an_action_happened(
