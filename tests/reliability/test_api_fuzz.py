@@ -408,6 +408,9 @@ OPEN_PHASE: Final = (
     "reconcileRun",
     "retrySameRun",
     "cancelRun",
+    "bulkRetrySame",
+    "bulkCancel",
+    "bulkReconcile",
     "retainRuns",
     "getDoctorReport",
     "getReadiness",
@@ -423,6 +426,9 @@ HOLD_PHASE: Final = (
     "reconcileRun",
     "retrySameRun",
     "cancelRun",
+    "bulkRetrySame",
+    "bulkCancel",
+    "bulkReconcile",
 )
 """Each round fuzzes the operations of the open deployment first, then the restore holds
 and what they change; then :func:`lift_holds` opens the deployment again, so that starts
