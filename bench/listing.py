@@ -26,7 +26,9 @@ looked again).
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import statistics
 import sys
 import time
@@ -315,6 +317,70 @@ class ListBench:
         }
 
 
+CONSOLE_CALLS = 10
+"""Timed loads of each console page, after the checked one."""
+CONSOLE_ORIGIN = "http://127.0.0.1:8765"
+
+
+async def console_pages(url: str, token: str) -> dict[str, Any]:
+    """The console's attention page (``coordinatorctl console``, 50 runs a page, the
+    longest waiting first) served in process over the real API: the first page and the one
+    its "Next page" link leads to, each checked once (its caption's total and 50 rows), then
+    :data:`CONSOLE_CALLS` timed loads. The time is the console's whole answer (its API call,
+    the page rendered), what an operator waits for before the browser draws it."""
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from cli import console
+
+    entry: dict[str, Any] = {"calls": 0, "pages": [], "failure": None}
+    with tempfile.TemporaryDirectory() as folder:
+        token_file = Path(folder) / "operator.token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        settings = console.Settings(api_url=url, token_file=token_file)
+        api = console.Api(settings)
+        app = console.create_app(settings, CONSOLE_ORIGIN, api)
+        try:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url=CONSOLE_ORIGIN
+            ) as client:
+                opened = await client.get(f"/?key={settings.access_key}")
+                if opened.status_code != 303:
+                    entry["failure"] = f"the console answered {opened.status_code} to its key"
+                    return entry
+                path = "/"
+                for label in ("first page", "next page"):
+                    page = await client.get(path)
+                    rows = page.text.count('<th scope="row"><a href="/runs/')
+                    found = re.search(r'<a href="([^"]+)" rel="next">', page.text)
+                    if page.status_code != 200 or rows != console.ATTENTION_PAGE or not found:
+                        entry["failure"] = f"{label}: answered {page.status_code} with {rows} runs"
+                        return entry
+                    spent = []
+                    for _ in range(CONSOLE_CALLS):
+                        began = time.perf_counter()
+                        again = await client.get(path)
+                        spent.append((time.perf_counter() - began) * 1000)
+                        if again.status_code != 200:
+                            entry["failure"] = f"{label}: a timed load answered {again.status_code}"
+                            return entry
+                    entry["pages"].append(
+                        {
+                            "page": label,
+                            "rows": rows,
+                            "ms": {"median": statistics.median(spent), "max": max(spent)},
+                        }
+                    )
+                    path = html.unescape(found.group(1))
+                entry["calls"] = CONSOLE_CALLS
+        finally:
+            await api.close()
+    return entry
+
+
 async def list_at_scale(
     scale: Scale, url: str, token: str, workflow: str, held_runs: int
 ) -> dict[str, Any]:
@@ -333,6 +399,10 @@ async def list_at_scale(
     analysed = await lists.round(cases, ANALYSED)
     analysed["analysed_tables"] = list(ANALYSED_TABLES)
     analysed["analyse_seconds"] = round(analyse_seconds, 2)
+    print("bench: list at scale: the console's attention page", flush=True)
+    console = await console_pages(url, token)
+    if console["failure"] is not None:
+        sys.stderr.write(f"bench: the console's attention page: {console['failure']}\n")
     return {
         "waiting_runs": scale.seeded,
         "held": held.to_json(),
@@ -340,5 +410,6 @@ async def list_at_scale(
         "calls": LIST_CALLS,
         "limits": list(LIST_LIMITS),
         "rounds": [quiet, analysed],
+        "console": console,
         "seconds": round(time.monotonic() - began, 1),
     }

@@ -672,6 +672,23 @@ def _list_total(entry: Mapping[str, Any]) -> str:
     return f"{int(entry['total']):,}"
 
 
+def _console_pages(listed: Mapping[str, Any]) -> list[str]:
+    """The console's attention page over the same runs (median / max ms of each page)."""
+    console = listed.get("console")
+    if not console:
+        return []
+    if console.get("failure"):
+        return [f"  console attention page: WRONG: {console['failure']}"]
+    cells = ", ".join(
+        f"{page['page']} {page['ms']['median']:.1f} / {page['ms']['max']:.1f} ms"
+        for page in console["pages"]
+    )
+    return [
+        f"  console attention page (50 runs, served in process over the API, "
+        f"{console['calls']} loads each, median / max): {cells}"
+    ]
+
+
 def _list_at_scale(results: Mapping[str, Any]) -> list[str]:
     """The run list at scale: per filter and limit, median / max ms in each round and the
     totals answered (a wrong answer shows WRONG, and its reason under the table)."""
@@ -721,7 +738,7 @@ def _list_at_scale(results: Mapping[str, Any]) -> list[str]:
             untouched = "yes" if r.get("statistics_untouched") else "NO"
             how = f"as the VACUUM left them (untouched since: {untouched})"
         notes.append(f"  {r['statistics']} stats: {how}; {r['seconds']:.1f} s")
-    return lines + failures + notes
+    return lines + failures + notes + _console_pages(listed)
 
 
 def _timings(results: Mapping[str, Any]) -> list[str]:

@@ -475,3 +475,23 @@ def test_the_report_says_whether_postgresql_was_durable_and_shows_its_settings()
     assert "durable=True (fsync, synchronous_commit, full_page_writes on)" in durable
     for name in POSTGRES_SETTINGS:
         assert f"{name} value-of-{name}" in durable
+
+
+def test_the_console_pages_line_shows_each_pages_median_and_max_or_what_went_wrong() -> None:
+    from bench.report import _console_pages
+
+    measured = {
+        "console": {
+            "calls": 10,
+            "failure": None,
+            "pages": [
+                {"page": "first page", "rows": 50, "ms": {"median": 41.25, "max": 60.0}},
+                {"page": "next page", "rows": 50, "ms": {"median": 43.0, "max": 51.5}},
+            ],
+        }
+    }
+    (line,) = _console_pages(measured)
+    assert line.endswith("first page 41.2 / 60.0 ms, next page 43.0 / 51.5 ms")
+    wrong = {"console": {"calls": 0, "pages": [], "failure": "first page: answered 503"}}
+    assert _console_pages(wrong) == ["  console attention page: WRONG: first page: answered 503"]
+    assert _console_pages({}) == []
