@@ -168,6 +168,17 @@ def _step_message(step: Mapping[str, Any]) -> pb.Inspection.Step:
         ):
             if member in wait:
                 setattr(message.wait, field, wait[member])
+    retry = step.get("retry")
+    if retry is not None:
+        message.retry.last_cause = retry["lastCause"]
+        message.retry.last_attempt_at = retry["lastAttemptAt"]
+        for member, field in (
+            ("lastStatus", "last_status"),
+            ("nextAttemptAt", "next_attempt_at"),
+            ("deadlineAt", "deadline_at"),
+        ):
+            if member in retry:
+                setattr(message.retry, field, retry[member])
     return message
 
 
@@ -194,6 +205,17 @@ def _step_document(message: pb.Inspection.Step) -> dict[str, Any]:
             wait["timeoutAt"] = message.wait.timeout_at
         wait["checks"] = message.wait.checks
         step["wait"] = wait
+    if message.HasField("retry"):
+        kept = message.retry
+        retry: dict[str, Any] = {"lastCause": kept.last_cause}
+        if kept.HasField("last_status"):
+            retry["lastStatus"] = kept.last_status
+        retry["lastAttemptAt"] = kept.last_attempt_at
+        if kept.HasField("next_attempt_at"):
+            retry["nextAttemptAt"] = kept.next_attempt_at
+        if kept.HasField("deadline_at"):
+            retry["deadlineAt"] = kept.deadline_at
+        step["retry"] = retry
     step["startedAt"] = message.started_at
     if message.HasField("ended_at"):
         step["endedAt"] = message.ended_at
@@ -256,6 +278,7 @@ def doctor_message(document: Mapping[str, Any]) -> pb.DoctorReport:
             store_host=state["storeHost"],
             uncertain=state["uncertain"],
             held=state["held"],
+            retrying=state["retrying"],
             due_jobs=state["dueJobs"],
             waiting=state["waiting"],
             state_key_versions_in_use=state["stateKeyVersionsInUse"],
@@ -285,6 +308,7 @@ def doctor_document(message: pb.DoctorReport) -> dict[str, Any]:
             "storeHost": state.store_host,
             "uncertain": state.uncertain,
             "held": state.held,
+            "retrying": state.retrying,
             "dueJobs": state.due_jobs,
             "waiting": state.waiting,
             "stateKeyVersionsInUse": list(state.state_key_versions_in_use),

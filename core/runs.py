@@ -55,6 +55,7 @@ ATTENTION_CAUSES: Final = (
     "framing-violation",
     "lease-expired",
     "restore-snapshot",
+    "retrying",
     "status-5xx",
     "timeout-after-send",
     "tls-refused",

@@ -65,6 +65,30 @@ class SentNothing(StrEnum):
     """A product or the issuer failed TLS verification (untrusted, expired or misnamed)."""
 
 
+class RetryCause(StrEnum):
+    """``step.retry_cause``: what the last attempt of a call waiting for its next automatic
+    attempt met (inspection's ``retry.lastCause``, CONTRACT §8.4; schema.sql lists the same).
+    :func:`core.execution.classify.retry_cause` says which answer is which."""
+
+    NEVER_CONNECTED = "never-connected"
+    """No connection to the product was made (refused, no route, no such name)."""
+    TLS_REFUSED = "tls-refused"
+    """The product or the issuer failed TLS verification: nothing left."""
+    TOKEN_REFUSED = "token-refused"  # noqa: S105 - a cause, not a secret
+    """No token to send with: the issuer refused it, or the product refused the one sent
+    (401) and the issuer gave no fresh one."""
+    STATUS_429 = "status-429"
+    """The product answered 429: too many requests, come back later."""
+    STATUS_503 = "status-503"
+    """The product answered 503 ``service.unavailable``."""
+
+
+RETRYING: Final = "retrying"
+"""The ``step.cause`` of a ready call that has kept getting retryable answers for longer than
+``deployment.attention.retryingAfterSeconds``: its run asks for attention until the step
+next prepares or ends (CONTRACT §8.4)."""
+
+
 class Transition(StrEnum):
     """What a step transition function of ``transitions.sql`` did (its header says what
     each outcome writes)."""

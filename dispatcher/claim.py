@@ -81,10 +81,15 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Sweep:
-    """What one look for expired leases found."""
+    """What one look for expired leases, and for calls retrying long enough to ask for
+    attention, found."""
 
     released: int
     uncertain: int
+    flagged: int = 0
+    """Calls whose series of retryable answers had lasted
+    ``deployment.attention.retryingAfterSeconds``: now ``retrying``, their runs asking for
+    attention."""
 
 
 @dataclass(frozen=True)
@@ -133,17 +138,30 @@ class Claimer:
         return [Claimed.from_row(row) for row in rows]
 
     async def sweep(self) -> Sweep:
-        """Release expired leases; a prepared step among them becomes uncertain."""
+        """Release expired leases (a prepared step among them becomes uncertain), and give
+        the calls that have kept getting retryable answers for too long the cause
+        ``retrying`` and their runs attention. Two statements, each reading one small
+        partial index when it finds nothing."""
         async with statement(self.store) as conn:
             row = await self.store.queries.dispatcher_expire_leases(
                 conn, limit=self.settings.sweep_limit
             )
+        async with statement(self.store) as conn:
+            flagged = await self.store.queries.dispatcher_flag_retrying(
+                conn, limit=self.settings.sweep_limit
+            )
         assert row is not None  # counts: always one row
-        found = Sweep(row.released, row.uncertain)
+        found = Sweep(row.released, row.uncertain, flagged)
         if found.uncertain:
             log.warning(
                 "%d step(s) with an expired lease had a prepared command; now uncertain",
                 found.uncertain,
+            )
+        if found.flagged:
+            log.warning(
+                "%d call(s) retried for longer than %d s; their runs now ask for attention",
+                found.flagged,
+                self.store.runtime.config.deployment.attention.retrying_after_seconds,
             )
         return found
 

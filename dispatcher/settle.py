@@ -42,7 +42,7 @@ from core.errors import CoordinatorError
 from core.execution.settlement import UNCERTAIN_CAUSES, Settlement
 from core.payloads import seal_json, statement
 from core.runtime import Store
-from core.states import SentNothing, StepState, Transition
+from core.states import RetryCause, SentNothing, StepState, Transition
 from dispatcher.claim import Claimed
 
 log = logging.getLogger("coordinator.dispatcher")
@@ -205,8 +205,20 @@ class Settler:
             )
         return outcome
 
+    @property
+    def retrying_after_seconds(self) -> int:
+        """``deployment.attention.retryingAfterSeconds``: how long a call's series of
+        retryable answers may last before its run asks for attention."""
+        return self.store.runtime.config.deployment.attention.retrying_after_seconds
+
     async def retry(
-        self, claimed: Claimed, delay: float, cause: SentNothing | None = None
+        self,
+        claimed: Claimed,
+        delay: float,
+        cause: SentNothing | None = None,
+        *,
+        met: RetryCause,
+        status: int | None = None,
     ) -> Transition:
         """The step was definitely not processed: ready again in ``delay`` seconds with the
         same command and key (``step_retry``), in one statement; retried while the database
@@ -214,6 +226,10 @@ class Settler:
 
         ``cause`` is why nothing left when an operator must see it (``tls-refused``): the
         step shows it and the run asks for attention until the step prepares again or ends.
+        ``met`` is what the attempt met, with the product's ``status`` when it answered: the
+        step shows both until it prepares again, and the run's ``updatedAt`` moves. Once the
+        step's series of retryable answers has lasted :attr:`retrying_after_seconds`, a step
+        without a ``cause`` takes the cause ``retrying`` and its run asks for attention.
         An abandoned step ends cancelled instead, and one whose deadline the retry would
         miss fails the run ``deadline-exceeded``.
         """
@@ -226,6 +242,9 @@ class Settler:
                 owner=self.owner,
                 delay=delay,
                 cause=cause,
+                retry_cause=RetryCause(met),
+                retry_status=status,
+                attention_after=float(self.retrying_after_seconds),
             )
 
         outcome, row = await self._transition(claimed, write)
@@ -239,7 +258,7 @@ class Settler:
                 else f"cancelled ({outcome}): nothing follows"
             )
         elif cause is None:
-            what = f"ready again in {delay:.0f} s"
+            what = f"not processed ({met}); ready again in {delay:.0f} s"
         else:
             what = f"sent nothing ({cause}); ready again in {delay:.0f} s"
         log.info("run %s step %s: %s", claimed.run_id, claimed.step_id, what)
@@ -462,9 +481,11 @@ class Settler:
         issuer refused its access token (``token-refused``) or failed TLS verification
         (``tls-refused``). The step is ready again in ``delay`` seconds (no later than its
         deadline) showing the cause, and the run asks for attention (§8.4) until the step
-        prepares or ends. The first such attempt starts the ``deadline_seconds`` clock a
-        first attempt would have started. Nothing is written when the lease is no longer
-        ours."""
+        prepares or ends. Like a retry, it records the cause as what this attempt met (the
+        step's ``retry`` in inspection), counts it in the step's series of retryable answers
+        and moves the run's ``updatedAt``. The first such attempt starts the
+        ``deadline_seconds`` clock a first attempt would have started. Nothing is written
+        when the lease is no longer ours."""
         async with statement(self.store) as conn:
             await self.store.queries.dispatcher_step_sent_nothing(
                 conn,

@@ -44,7 +44,7 @@ from core.runs import (
     read_run,
 )
 from core.runtime import Store
-from core.states import RunState
+from core.states import RunState, StepState
 
 OPERATOR_ACTIONS_SHOWN: Final = 10
 
@@ -106,8 +106,8 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
         holds,
         [OperatorActionRecord.from_row(row) for row in actions],
     )
-    causes = {row.step_id: row for row in step_rows if row.cause is not None}
-    document["steps"] = [_with_cause(step, causes.get(step["step"])) for step in document["steps"]]
+    rows = {row.step_id: row for row in step_rows}
+    document["steps"] = [_with_cause(step, rows.get(step["step"])) for step in document["steps"]]
     if conflicts:
         # Only a recovery-only instance serves while a live binding changed (§9.7).
         document["bindingConflict"] = True
@@ -117,18 +117,42 @@ async def inspection(store: Store, run_id: str) -> dict[str, Any]:
 
 def _with_cause(step: dict[str, Any], row: RunStepsRow | None) -> dict[str, Any]:
     """An inspection step with ``cause`` (and ``causeStatus``) after its effect, when the
-    step records why its effect is unknown or why it sent nothing (§8.4). Only the code and
-    a status: never a URL, header, body or value."""
+    step records why its effect is unknown, why it sent nothing or that it has been retrying
+    too long, and with ``retry`` before ``startedAt`` while it waits for its next automatic
+    attempt (§8.4). Only codes, statuses and instants: never a URL, header, body or value."""
     if row is None:
+        return step
+    retry = retry_of(row)
+    if row.cause is None and retry is None:
         return step
     shown: dict[str, Any] = {}
     for name, value in step.items():
-        if name in ("wait", "startedAt") and "cause" not in shown:
+        if name in ("wait", "startedAt") and row.cause is not None and "cause" not in shown:
             shown["cause"] = row.cause
             if row.cause_status is not None:
                 shown["causeStatus"] = row.cause_status
+        if name == "startedAt" and retry is not None:
+            shown["retry"] = retry
         shown[name] = value
     return shown
+
+
+def retry_of(row: RunStepsRow) -> dict[str, Any] | None:
+    """The ``retry`` member of a ready call waiting for its next automatic attempt after a
+    retryable answer: what the last attempt met (``lastCause``, with the product's
+    ``lastStatus`` when it answered) and when, when the next one is due and the step's
+    deadline. ``None`` for every other step."""
+    if row.state != StepState.READY or row.retry_cause is None or row.retry_last_at is None:
+        return None
+    retry: dict[str, Any] = {"lastCause": row.retry_cause}
+    if row.retry_status is not None:
+        retry["lastStatus"] = row.retry_status
+    retry["lastAttemptAt"] = timestamp(row.retry_last_at)
+    if row.due_at is not None:
+        retry["nextAttemptAt"] = timestamp(row.due_at)
+    if row.deadline_at is not None:
+        retry["deadlineAt"] = timestamp(row.deadline_at)
+    return retry
 
 
 # ----------------------------------------------------------------------------------- lists
@@ -431,6 +455,8 @@ async def doctor(store: Store, *, audit_ready: bool, recovery_only: bool) -> dic
             "storeHost": "" if host is None else str(host),
             "uncertain": row.uncertain,
             "held": runs[RunState.HELD],
+            # Calls waiting for their next automatic attempt after a retryable answer.
+            "retrying": row.retrying,
             "dueJobs": row.due_jobs,
             "waiting": runs[RunState.WAITING],
             "stateKeyVersionsInUse": versions,

@@ -35,8 +35,11 @@ from core.config.model import (
     LOG_LEVELS,
     MAX_CONNECTIONS_LIMIT,
     MAX_HEADER_TIMEOUT_SECONDS,
+    MAX_RETRYING_AFTER_SECONDS,
+    MIN_RETRYING_AFTER_SECONDS,
     REQUIRED_INTERNAL_COMPONENTS,
     TLS_TERMINATION,
+    Attention,
     Authentication,
     BindAddress,
     DatabaseSettings,
@@ -272,7 +275,7 @@ def _deployment(value: object, path: str, context: Context) -> Deployment:
             "activeStateKey",
             "admissionKeyRef",
         ),
-        optional=("metricsListener", "internal", "logging"),
+        optional=("metricsListener", "internal", "logging", "attention"),
     )
     database_id = block.read("databaseId", _database_id)
     runtime_role = block.read(
@@ -301,6 +304,7 @@ def _deployment(value: object, path: str, context: Context) -> Deployment:
         active = FAILED
     admission_key_ref = block.read("admissionKeyRef", r.reference, context.providers)
     logging = block.optional("logging", Logging(), _logging, context.problems)
+    attention = block.optional("attention", Attention(), _attention, context.problems)
     return Deployment(
         database_id=need(database_id),
         runtime_role=need(runtime_role),
@@ -315,6 +319,7 @@ def _deployment(value: object, path: str, context: Context) -> Deployment:
         active_state_key=need(active),
         admission_key_ref=need(admission_key_ref),
         logging=need(logging),
+        attention=need(attention),
     )
 
 
@@ -330,6 +335,19 @@ def _logging(value: object, path: str, problems: Problems) -> Logging:
     level = block.optional("level", settings.level, _one_of, LOG_LEVELS)
     form = block.optional("format", settings.format, _one_of, LOG_FORMATS)
     return Logging(level=need(level), format=need(form))
+
+
+def _attention(value: object, path: str, problems: Problems) -> Attention:
+    block = r.mapping(value, path, problems, optional=("retryingAfterSeconds",))
+    settings = Attention()
+    retrying = block.optional(
+        "retryingAfterSeconds",
+        settings.retrying_after_seconds,
+        r.integer,
+        low=MIN_RETRYING_AFTER_SECONDS,
+        high=MAX_RETRYING_AFTER_SECONDS,
+    )
+    return Attention(retrying_after_seconds=need(retrying))
 
 
 def _one_of(value: object, path: str, choices: tuple[str, ...]) -> str:

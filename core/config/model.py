@@ -38,6 +38,10 @@ MAX_HEADER_TIMEOUT_SECONDS: Final = 300
 DEFAULT_CLOCK_SKEW_SECONDS: Final = 60
 DEFAULT_RESULT_CHECK_SECONDS: Final = 900
 DEFAULT_CALL_TIMEOUT_SECONDS: Final = 30
+DEFAULT_RETRYING_AFTER_SECONDS: Final = 600
+"""``attention.retryingAfterSeconds`` by default: ten minutes of retryable answers."""
+MIN_RETRYING_AFTER_SECONDS: Final = 60
+MAX_RETRYING_AFTER_SECONDS: Final = 86400
 DEFAULT_ALGORITHMS: Final = ("RS256", "ES256")
 
 ASSERTION_AUDIENCE_TOKEN_ENDPOINT: Final = "token-endpoint"  # noqa: S105 - a setting, not a secret
@@ -168,6 +172,17 @@ class Logging:
 
 
 @dataclass(frozen=True)
+class Attention:
+    """``deployment.attention``: when a run asks for an operator without any step of it
+    being uncertain."""
+
+    retrying_after_seconds: int = DEFAULT_RETRYING_AFTER_SECONDS
+    """Seconds (60..86400, default 600) a call may keep getting retryable answers (counted
+    from the first of an unbroken series) before its run shows ``attention: true``, with
+    the step's cause ``retrying``, until the step next prepares or ends."""
+
+
+@dataclass(frozen=True)
 class InternalTls:
     """``deployment.internal.tls``: mutual TLS for the internal gRPC channel."""
 
@@ -279,6 +294,8 @@ class Deployment:
     """32-byte key deriving start identities, run ids and command keys."""
     logging: Logging = Logging()
     """Log level and format of every component (the launcher's ``--log-level`` wins)."""
+    attention: Attention = Attention()
+    """When a call that keeps being retried makes its run ask for attention."""
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,9 @@
 --                   Startup compares live runs' bindings with the runtime file.
 -- step              One row per step a run has reached: type, state, attempts, the prepared
 --                   command (payload reference and command key), its effect and why it is
---                   unknown, the lease of the dispatcher working on it, when it is due, and
---                   a wait's timing. Dispatch reads the partial index of due, unclaimed
---                   work only.
+--                   unknown, what its last retried attempt met, the lease of the dispatcher
+--                   working on it, when it is due, and a wait's timing. Dispatch reads the
+--                   partial index of due, unclaimed work only.
 -- start_identity    The keyed start identity (HMAC with the admission key) of every run whose
 --                   payloads still exist, with a keyed digest of its input to tell a
 --                   repeated start from a conflicting one.
@@ -67,11 +67,26 @@
 --                   issuer's short error code and when), for doctor; a granted token
 --                   deletes the connection's row.
 --
--- Rules. Two small functions name what several statements must agree on, so that each is
+-- Rules. Three small functions name what several statements must agree on, so that each is
 -- written once: sent_nothing(cause), the causes a step carries although nothing of it was
--- sent, and step_wants_attention(state, cause), whether a step makes its run ask for
--- attention. Both are plain IMMUTABLE expressions the planner inlines into each query, so
--- they cost what writing them out would and leave every plan as readable as before.
+-- sent; ready_attention(cause), the causes a ready call asks for attention with until it
+-- next prepares or ends (those, and retrying); and step_wants_attention(state, cause),
+-- whether a step makes its run ask for attention. All are plain IMMUTABLE expressions the
+-- planner inlines into each query, so they cost what writing them out would and leave every
+-- plan as readable as before.
+--
+-- Retries in sight. A call that keeps getting answers that say "not processed, try later"
+-- (no connection made, a failed TLS verification, no token, 429, 503) is ready again after
+-- each, and records what its last attempt met (retry_cause, retry_status, retry_last_at)
+-- until it next prepares or ends: inspection shows it, doctor counts it. retry_since is
+-- when the first retryable answer of the unbroken series came (kept from attempt to
+-- attempt; cleared when the step ends or its effect becomes unknown), and
+-- retry_attention_at the instant the series has lasted
+-- deployment.attention.retryingAfterSeconds, when the run is to ask for attention. The step
+-- then takes the cause retrying: from the retry that finds that instant passed, or from the
+-- dispatcher's once-a-second sweep through step_retrying. Like the sent_nothing causes, it
+-- is cleared, and the run's attention recomputed, when the command is next prepared or the
+-- step ends.
 --
 -- Notifications. Three channels named after the namespace carry no payload: `<ns>_due`
 -- whenever a step becomes due and unclaimed (idle dispatchers wake on it instead of polling),
@@ -102,15 +117,25 @@ CREATE FUNCTION {{ns}}.sent_nothing(cause text) RETURNS boolean
         SELECT cause IN ('token-refused', 'tls-refused')
     $$;
 
+-- The causes a ready call asks for attention with until it next prepares or ends: those of
+-- sending nothing, and retrying (it has kept getting retryable answers for longer than
+-- deployment.attention.retryingAfterSeconds).
+CREATE FUNCTION {{ns}}.ready_attention(cause text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+        SELECT {{ns}}.sent_nothing(cause) OR cause = 'retrying'
+    $$;
+
 -- Whether a step in state with cause makes its run ask for attention: its effect is unknown
 -- (uncertain), the product proved the command never arrived and an operator retries or
--- cancels (not-sent), or it waits, ready, on what only an operator can mend (sent_nothing).
+-- cancels (not-sent), or it waits, ready, on what only an operator can mend (sent_nothing)
+-- or after retrying for too long (both ready_attention).
 -- Every statement that recomputes run.attention from the run's steps asks this.
 CREATE FUNCTION {{ns}}.step_wants_attention(state text, cause text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
         SELECT state IN ('uncertain', 'not-sent')
-               OR (state = 'ready' AND {{ns}}.sent_nothing(cause))
+               OR (state = 'ready' AND {{ns}}.ready_attention(cause))
     $$;
 
 CREATE TABLE {{ns}}.schema_version (
@@ -285,14 +310,16 @@ CREATE TABLE {{ns}}.step (
     -- (restore-snapshot). token-refused and tls-refused are the causes of a step that sent
     -- nothing (sent_nothing above): the issuer refused the connection's token, or a product
     -- or the issuer failed TLS verification, and the step is ready to try again; they are
-    -- cleared when the step next prepares or ends. The others are kept while an operator
-    -- settles the step and the effect stays unknown, and cleared when it becomes known or
-    -- the dispatcher records a fresh outcome. Names no URL, header, body or value.
+    -- cleared when the step next prepares or ends, as retrying is (a ready call that has
+    -- kept getting retryable answers for too long: "Retries in sight" above). The others
+    -- are kept while an operator settles the step and the effect stays unknown, and
+    -- cleared when it becomes known or the dispatcher records a fresh outcome. Names no
+    -- URL, header, body or value.
     cause              text CHECK (cause IN ('timeout-after-send', 'connection-lost',
                                              'status-5xx', 'unreadable-answer',
                                              'framing-violation', 'answer-too-large',
                                              'lease-expired', 'restore-snapshot',
-                                             'token-refused', 'tls-refused')),
+                                             'token-refused', 'tls-refused', 'retrying')),
     -- status-5xx only: the status the product answered
     cause_status       integer,
     command_payload_id bigint REFERENCES {{ns}}.payload (id) ON DELETE SET NULL,
@@ -312,6 +339,18 @@ CREATE TABLE {{ns}}.step (
     next_check_at      timestamptz,
     timeout_at         timestamptz,
     checks             integer NOT NULL DEFAULT 0 CHECK (checks >= 0),
+    -- a ready call waiting for its next automatic attempt ("Retries in sight" above): what
+    -- its last attempt met, the product's status when one answered, and when
+    retry_cause        text CHECK (retry_cause IN ('never-connected', 'tls-refused',
+                                                   'token-refused', 'status-429',
+                                                   'status-503')),
+    retry_status       integer,
+    retry_last_at      timestamptz,
+    -- the first retryable answer of the unbroken series, and when the series makes the run
+    -- ask for attention (null once the step has the cause retrying, or while it has another
+    -- that asks for it)
+    retry_since        timestamptz,
+    retry_attention_at timestamptz,
     started_at         timestamptz NOT NULL DEFAULT {{ns}}.now(),
     updated_at         timestamptz NOT NULL DEFAULT {{ns}}.now(),
     ended_at           timestamptz,
@@ -323,9 +362,18 @@ CREATE TABLE {{ns}}.step (
     CHECK (step_type = 'call' OR (effect IS NULL AND command_key IS NULL
                                   AND command_payload_id IS NULL)),
     CHECK (state NOT IN ('completed', 'refused', 'failed', 'cancelled') OR ended_at IS NOT NULL),
-    -- a cause explains an unknown effect, except one of a step that sent nothing
-    CHECK (cause IS NULL OR {{ns}}.sent_nothing(cause) OR effect = 'unknown'),
-    CHECK (cause_status IS NULL OR cause = 'status-5xx')
+    -- a cause explains an unknown effect, except one of a step that sent nothing, and
+    -- retrying (which tells how long a ready call has been tried)
+    CHECK (cause IS NULL OR {{ns}}.sent_nothing(cause) OR effect = 'unknown'
+           OR cause = 'retrying'),
+    CHECK (cause_status IS NULL OR cause = 'status-5xx'),
+    -- a retry's record belongs to a ready call, the series to one ready or being sent
+    CHECK (retry_cause IS NULL
+           OR (state = 'ready' AND retry_last_at IS NOT NULL AND retry_since IS NOT NULL)),
+    CHECK (retry_cause IS NOT NULL
+           OR (retry_status IS NULL AND retry_last_at IS NULL AND retry_attention_at IS NULL)),
+    CHECK (retry_since IS NULL OR state IN ('ready', 'prepared')),
+    CHECK (cause IS DISTINCT FROM 'retrying' OR retry_cause IS NOT NULL)
 ) WITH (fillfactor = 70);
 
 -- dispatch: due work nobody holds; ended runs have no due steps, so they never enter it
@@ -337,6 +385,13 @@ CREATE INDEX step_uncertain ON {{ns}}.step (run_id) WHERE state = 'uncertain';
 -- list --step / --cause: the steps that need attention, by step and cause
 CREATE INDEX step_attention ON {{ns}}.step (step_id, cause, run_id)
     WHERE {{ns}}.step_wants_attention(state, cause);
+-- doctor's retrying (every call waiting for its next automatic attempt), and the
+-- dispatcher's sweep for a series of retries that has come to ask for attention
+-- (retry_attention_at passed)
+-- (state is named, though the CHECKs above imply it, so that a plan made without statistics
+-- sees a small part of the table here, as it does for step_uncertain)
+CREATE INDEX step_retrying ON {{ns}}.step (retry_attention_at)
+    WHERE state = 'ready' AND retry_cause IS NOT NULL;
 -- completion events: the waiting step awaiting this result
 CREATE INDEX step_wait_match ON {{ns}}.step (wait_match)
     WHERE state = 'waiting' AND wait_match IS NOT NULL;

@@ -387,6 +387,7 @@ class RecoveryDoctorRow:
     execution_hold: bool
     admission_hold: bool
     uncertain: int
+    retrying: int
     due_jobs: int
 
 
@@ -740,6 +741,11 @@ class RunStepsRow:
     next_check_at: datetime | None
     timeout_at: datetime | None
     checks: int
+    retry_cause: str | None
+    """A ready call's last retryable answer, while it waits."""
+    retry_status: int | None
+    retry_last_at: datetime | None
+    deadline_at: datetime | None
     started_at: datetime
     ended_at: datetime | None
 
@@ -1047,6 +1053,27 @@ class Statements(Queries):
         )
         return None if record is None else DispatcherExpireLeasesRow(*record)
 
+    async def dispatcher_flag_retrying(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+    ) -> int:
+        """Find up to limit calls whose series of retryable answers has lasted long enough to ask
+        for attention (retry_attention_at passed: schema.sql, "Retries in sight") and are
+        ready, unleased and without a cause, and give each the cause retrying and its run
+        attention. Runs through step_retrying from its oldest instant and stops at the limit,
+        so a look that finds nothing reads one index page. The run row is locked before the
+        step's, as every transition locks them, and a run or step that another transaction
+        holds is skipped (never waited for: the next look finds it again). Answers how many
+        steps were flagged. ``limit``: at most this many steps.
+        """
+        result: int = await conn.fetchval(
+            self["dispatcher_flag_retrying"],
+            limit,
+        )
+        return result
+
     async def dispatcher_hold_epoch(
         self,
         conn: Connection,
@@ -1165,14 +1192,22 @@ class Statements(Queries):
         owner: str,
         delay: float,
         cause: str | None,
+        retry_cause: str,
+        retry_status: int | None,
+        attention_after: float,
     ) -> DispatcherStepRetryRow | None:
         """A call step leased to owner was definitely not processed: ready again, due in delay
         seconds, with the same command and key; cause is null, or tls-refused when nothing
         left because the product failed TLS verification (the step keeps it and the run asks
-        for attention). One call of step_retry in transitions.sql, which says what each
-        outcome wrote (an abandoned step ends cancelled; one whose deadline a retry would miss
-        fails the run); always one row, due_at set only when the step is ready again.
-        ``cause``: a sent_nothing cause (schema.sql), or null.
+        for attention). The step records what the attempt met (retry_cause, retry_status) and,
+        once its series of retryable answers has lasted attention_after seconds, asks for
+        attention with the cause retrying. One call of step_retry in transitions.sql, which
+        says what each outcome wrote (an abandoned step ends cancelled; one whose deadline a
+        retry would miss fails the run); always one row, due_at set only when the step is
+        ready again. ``cause``: a sent_nothing cause (schema.sql), or null. ``retry_cause``:
+        what the attempt met (step.retry_cause in schema.sql). ``retry_status``: the product's
+        status when it answered. ``attention_after``:
+        deployment.attention.retryingAfterSeconds.
         """
         record: Record | None = await conn.fetchrow(
             self["dispatcher_step_retry"],
@@ -1181,6 +1216,9 @@ class Statements(Queries):
             owner,
             delay,
             cause,
+            retry_cause,
+            retry_status,
+            attention_after,
         )
         return None if record is None else DispatcherStepRetryRow(*record)
 
@@ -1204,10 +1242,12 @@ class Statements(Queries):
         clears both (transitions.sql). A step that was never prepared has no deadline yet: the
         first such attempt counts as the first and sets it, deadline_seconds from now, so the
         claim after it answers past_deadline and the run fails deadline-exceeded as a retried
-        call would. The run row is locked first, as a cancel locks it. Answers when the step
-        is due again; no row, and nothing written, when the lease is no longer this owner's.
-        ``cause``: token-refused or tls-refused. ``deadline_seconds``: the workflow's
-        deadlineSeconds.
+        call would. Like a retry, it records what the attempt met (retry_cause: the same
+        cause), now, and the series of retryable answers it belongs to or begins (schema.sql,
+        "Retries in sight"), and moves the run's updated_at. The run row is locked first, as a
+        cancel locks it. Answers when the step is due again; no row, and nothing written, when
+        the lease is no longer this owner's. ``cause``: token-refused or tls-refused.
+        ``deadline_seconds``: the workflow's deadlineSeconds.
         """
         record: Record | None = await conn.fetchrow(
             self["dispatcher_step_sent_nothing"],
@@ -1482,9 +1522,10 @@ class Statements(Queries):
         conn: Connection,
     ) -> RecoveryDoctorRow | None:
         """One row for the doctor report: schema version, databaseId, activation serial, holds,
-        and the counts of uncertain steps (the operator's backlog, through step_uncertain) and
-        of due unclaimed steps (the dispatchers' backlog, through step_due). The runs per
-        state are recovery_run_state_counts.
+        and the counts of uncertain steps (the operator's backlog, through step_uncertain), of
+        calls waiting for their next automatic attempt after a retryable answer (through
+        step_retrying) and of due unclaimed steps (the dispatchers' backlog, through
+        step_due). The runs per state are recovery_run_state_counts.
         """
         record: Record | None = await conn.fetchrow(
             self["recovery_doctor"],
@@ -2055,8 +2096,9 @@ class Statements(Queries):
         uncertain: an earlier snapshot also holds leased steps that never stored a key), or is
         held under a lease (its holder may have prepared and sent since). Each becomes
         uncertain with an unknown effect and cause restore-snapshot (one already uncertain
-        keeps the cause it had), not due and without a lease; its run, unless ended, is held
-        with attention. Answers how many steps and runs the snapshot holds.
+        keeps the cause it had), not due, without a lease and without a record of retries; its
+        run, unless ended, is held with attention. Answers how many steps and runs the
+        snapshot holds.
         """
         record: Record | None = await conn.fetchrow(
             self["recovery_snapshot_take"],

@@ -155,6 +155,8 @@ DROP FUNCTION IF EXISTS {{ns}}.step_operator_settle(
 DROP FUNCTION IF EXISTS {{ns}}.step_record_read(
     text, text, text, boolean, boolean, boolean, text[], integer[], bytea[], bytea[],
     text[], text[], text, text, text, text);
+-- The signature before a retry recorded what its attempt met (issue 41, retries in sight).
+DROP FUNCTION IF EXISTS {{ns}}.step_retry(text, text, text, float8, text);
 
 -- Whether a cancel abandoned step number p_seq of a run: the run is cancelling (p_cancelling)
 -- and the step comes before the onCancel path, which starts at step number p_cancel_seq (null:
@@ -251,9 +253,10 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_close_cancelled(p_run text, p_step text)
     $$;
 
 -- Recompute run p_run's attention from its steps (step_wants_attention in schema.sql) once
--- one that asked for it because it sent nothing (sent_nothing) has prepared or ended: what
--- that step asked for goes with it, what another step asks for stays. An ended run is
--- recomputed too: a step that ended without being prepared leaves no attention behind.
+-- one that asked for it while ready (ready_attention: it sent nothing, or it has been
+-- retrying too long) has prepared or ended: what that step asked for goes with it, what
+-- another step asks for stays. An ended run is recomputed too: a step that ended without
+-- being prepared leaves no attention behind.
 -- (plpgsql like the others, whose bodies are checked when first run rather than when
 -- created: apply over a namespace whose schema.sql lacks those rules then reaches the drift
 -- check, which names what is missing, instead of failing on this file.)
@@ -298,6 +301,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_uncertain_write(
             UPDATE {{ns}}.step
                SET state = 'uncertain', effect = 'unknown', due_at = NULL,
                    cause = p_cause, cause_status = p_cause_status,
+                   retry_since = NULL,  -- (an unknown effect ends a series of retries)
                    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
                    updated_at = {{ns}}.now()
              WHERE run_id = p_run AND step_id = p_step
@@ -406,7 +410,15 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_end_cancelled(
 -- said so, or the connection was never made): it is ready again with the same command and
 -- key, due in p_delay seconds. p_cause is null, or a cause of sending nothing
 -- (sent_nothing in schema.sql: tls-refused) that only an operator mends: the step keeps it
--- and its run asks for attention until the step next prepares or ends. Instead:
+-- and its run asks for attention until the step next prepares or ends.
+--
+-- The step records what this attempt met, p_retry_cause (with the product's p_retry_status
+-- when it answered), now, and the series of retryable answers it belongs to: it began at
+-- the step's retry_since, or now with this one. Once the series has lasted
+-- p_attention_after seconds (deployment.attention.retryingAfterSeconds) a step without a
+-- cause of its own takes the cause retrying, and its run asks for attention as for p_cause;
+-- before that, retry_attention_at is when it will (the dispatcher's sweep finds it there).
+-- Every written retry moves the run's updated_at. Instead:
 --
 -- abandoned   a cancel abandoned the step: it ends cancelled, as step_settle ends it, and is
 --             never tried again.
@@ -414,13 +426,16 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_end_cancelled(
 --             deadline, so the step fails and the run fails deadline-exceeded (step_settle).
 CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
     p_run text, p_step text, p_owner text, p_delay float8, p_cause text,
+    p_retry_cause text, p_retry_status integer, p_attention_after float8,
     OUT outcome text, OUT run_state text, OUT due_at timestamptz)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
     AS $$
         DECLARE
             l record;
-            deadline timestamptz;
+            s record;
+            v_attention_at timestamptz;
+            v_cause text := p_cause;
             v_end {{ns}}.settle_args;
         BEGIN
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
@@ -433,9 +448,9 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
                   FROM {{ns}}.step_end_cancelled(p_run, p_step, p_owner);
                 RETURN;
             END IF;
-            SELECT x.deadline_at INTO deadline
+            SELECT x.deadline_at, coalesce(x.retry_since, {{ns}}.now()) AS since INTO s
               FROM {{ns}}.step x WHERE x.run_id = p_run AND x.step_id = p_step;
-            IF deadline - {{ns}}.now() <= make_interval(secs => p_delay) THEN
+            IF s.deadline_at - {{ns}}.now() <= make_interval(secs => p_delay) THEN
                 v_end.state := 'failed';
                 v_end.run_state := 'failed';
                 v_end.failure_kind := 'deadline-exceeded';
@@ -443,18 +458,24 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry(
                   FROM {{ns}}.step_settle(p_run, p_step, p_owner, v_end) x;
                 RETURN;
             END IF;
+            v_attention_at := s.since + make_interval(secs => p_attention_after);
+            IF v_cause IS NULL AND v_attention_at <= {{ns}}.now() THEN
+                v_cause := 'retrying';
+            END IF;
             UPDATE {{ns}}.step x
-               SET state = 'ready', cause = p_cause, cause_status = NULL,
+               SET state = 'ready', cause = v_cause, cause_status = NULL,
                    due_at = {{ns}}.now() + make_interval(secs => p_delay),
+                   retry_cause = p_retry_cause, retry_status = p_retry_status,
+                   retry_last_at = {{ns}}.now(), retry_since = s.since,
+                   retry_attention_at = CASE WHEN v_cause IS NULL THEN v_attention_at END,
                    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
                    updated_at = {{ns}}.now()
              WHERE x.run_id = p_run AND x.step_id = p_step
             RETURNING x.due_at INTO due_at;
-            IF {{ns}}.sent_nothing(p_cause) THEN
-                UPDATE {{ns}}.run u
-                   SET attention = true, updated_at = {{ns}}.now()
-                 WHERE u.id = p_run AND u.ended_at IS NULL AND NOT u.attention;
-            END IF;
+            UPDATE {{ns}}.run u
+               SET attention = u.attention OR coalesce({{ns}}.ready_attention(v_cause), false),
+                   updated_at = {{ns}}.now()
+             WHERE u.id = p_run AND u.ended_at IS NULL;
             outcome := 'written';
         END
     $$;
@@ -626,11 +647,12 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
 -- Settle step p_step of run p_run, leased to p_owner, as p_settle (a settle_args) says: it
 -- ends in state p_settle.state (completed, refused, failed or cancelled) with effect
 -- p_settle.effect (null keeps the present one; the cause is cleared, since what is now
--- known replaces it), its payloads are stored (the parallel arrays purposes, key_versions,
--- nonces, ciphertexts; empty or null: none), and the run moves on. A step that asked for
--- attention (step_wants_attention: it waited with a cause of sending nothing and its
--- deadline passed or a cancel ended it, or an operator settles it in operator mode) takes
--- that attention with it: the run's attention is recomputed without it. Then:
+-- known replaces it, as the record of a series of retries), its payloads are stored (the
+-- parallel arrays purposes, key_versions, nonces, ciphertexts; empty or null: none), and the
+-- run moves on. A step that asked for attention (step_wants_attention: it waited with a
+-- cause of sending nothing or retrying and its deadline passed or a cancel ended it, or an
+-- operator settles it in operator mode) takes that attention with it: the run's attention
+-- is recomputed without it. Then:
 --
 -- * the local steps the dispatcher already decided from the run's values (the parallel
 --   arrays passed_ids, passed_types; empty or null: none) are recorded as reached and
@@ -682,6 +704,8 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                SET state = v_state,
                    effect = coalesce(p_settle.effect, effect),
                    cause = NULL, cause_status = NULL,
+                   retry_cause = NULL, retry_status = NULL, retry_last_at = NULL,
+                   retry_since = NULL, retry_attention_at = NULL,
                    due_at = NULL,
                    ended_at = {{ns}}.now(),
                    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
@@ -943,12 +967,12 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_retry_same(
 -- An operator cancels run p_run, whose workflow's onCancel step is p_on_cancel, of type
 -- p_on_cancel_type (null: it has none). The steps that wait to be worked on and that no
 -- dispatcher holds end cancelled: ready, waiting (the wait is abandoned) and not-sent; a
--- step that sent nothing loses that cause with its end. A leased step is settled by its
--- dispatcher, which finds it abandoned; an uncertain step stays uncertain, and its run
--- keeps the attention. With an onCancel step (unless the run already reached a step of
--- that name: a path is never entered twice) that step is due now, numbered after every
--- step the run has, the run records that number as its cancel_seq and is running along
--- it. Without one, the run ends cancelled once nothing of it is live
+-- step that sent nothing, or was retrying, loses that cause (and its record of retries)
+-- with its end. A leased step is settled by its dispatcher, which finds it abandoned; an
+-- uncertain step stays uncertain, and its run keeps the attention. With an onCancel step
+-- (unless the run already reached a step of that name: a path is never entered twice) that
+-- step is due now, numbered after every step the run has, the run records that number as
+-- its cancel_seq and is running along it. Without one, the run ends cancelled once nothing of it is live
 -- (run_close_cancelled). A run already cancelling is only closed when nothing of it is
 -- live any more. Answers run_state cancelled when the run ended, cancelling otherwise;
 -- outcome run-ended (nothing written) when the run had ended already.
@@ -972,7 +996,10 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_cancel(
             IF NOT r.cancelling THEN
                 UPDATE {{ns}}.step x
                    SET state = 'cancelled',
-                       cause = CASE WHEN {{ns}}.sent_nothing(x.cause) THEN NULL ELSE x.cause END,
+                       cause = CASE WHEN {{ns}}.ready_attention(x.cause) THEN NULL
+                                    ELSE x.cause END,
+                       retry_cause = NULL, retry_status = NULL, retry_last_at = NULL,
+                       retry_since = NULL, retry_attention_at = NULL,
                        due_at = NULL, ended_at = {{ns}}.now(), updated_at = {{ns}}.now()
                  WHERE x.run_id = p_run
                    AND x.state IN ('ready', 'waiting', 'not-sent')
@@ -1006,8 +1033,10 @@ CREATE OR REPLACE FUNCTION {{ns}}.run_cancel(
 -- p_ciphertext with its GCM tag), stored here. It is sent under command key p_command_key,
 -- and the step's deadline is set at the first attempt, p_deadline_seconds from now. The
 -- attempt is counted. A step that sent nothing before for a cause an operator had to see
--- (sent_nothing: a refused token, a failed TLS verification) is on its way now: that cause
--- is cleared and the run's attention recomputed without it.
+-- (sent_nothing: a refused token, a failed TLS verification), or that had been retrying
+-- for too long (retrying), is on its way now: that cause is cleared and the run's
+-- attention recomputed without it. The record of its last retry goes too (the series it
+-- belongs to stays, until an answer that is not retryable ends it).
 --
 -- Answers the outcome and, when written, the attempt's number, whether it is the run's
 -- first command, how long ago the run was admitted and how many seconds are left until
@@ -1064,7 +1093,10 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_prepare(
                SET state = 'prepared',
                    command_payload_id = v_payload,
                    command_key = p_command_key,
-                   cause = CASE WHEN {{ns}}.sent_nothing(l.cause) THEN NULL ELSE s.cause END,
+                   cause = CASE WHEN {{ns}}.ready_attention(l.cause) THEN NULL
+                                ELSE s.cause END,
+                   retry_cause = NULL, retry_status = NULL, retry_last_at = NULL,
+                   retry_attention_at = NULL,
                    prepared_at = coalesce(s.prepared_at, {{ns}}.now()),
                    first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
                    deadline_at = coalesce(s.deadline_at,
@@ -1075,7 +1107,7 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_prepare(
              WHERE s.run_id = p_run AND s.step_id = p_step
             RETURNING s.attempts, extract(epoch FROM s.deadline_at - {{ns}}.now())::float8
                  INTO attempts, deadline_in;
-            IF {{ns}}.sent_nothing(l.cause) THEN
+            IF {{ns}}.ready_attention(l.cause) THEN
                 PERFORM {{ns}}.run_attention_recompute(p_run);
             END IF;
             outcome := 'written';

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from core.canonical import parse_json
 from core.products.http import UNREADABLE_ANSWER, UNSENDABLE, ExchangeFailure
-from core.states import SentNothing
+from core.states import RetryCause, SentNothing
 
 ACCEPTED: Final = "accepted"
 RETRYABLE: Final = "retryable"
@@ -137,6 +137,31 @@ def classify_failure(error: ExchangeFailure) -> Classified:
         return Classified(RETRYABLE, f"not sent ({error.cause})")
     # The request may have reached the product.
     return Classified(UNCERTAIN, f"no answer ({error.cause})", cause=error.cause)
+
+
+def retry_cause(result: Classified) -> RetryCause:
+    """What a retryable ``result`` shows as its step's ``retry.lastCause`` (CONTRACT §8.4).
+
+    Without an answer: ``tls-refused`` for a failed TLS verification, ``never-connected``
+    for every other failure before a byte left. With one: 429 is ``status-429``, 401 (the
+    product refused the token and the issuer gave no fresh one) is ``token-refused``, and
+    503 is ``status-503``. :func:`classify_answer` makes no other status retryable (a 5xx
+    but the 503 with ``service.unavailable`` is uncertain); were one ever to be, a 5xx would
+    read ``status-503`` and anything below 500 ``status-429`` — the product's "not now" —
+    while ``retry.lastStatus`` still shows the status itself.
+    """
+    if result.result != RETRYABLE:
+        raise ValueError(f"not a retryable result: {result.result}")
+    status = result.status
+    if status is None:
+        if result.cause == SentNothing.TLS_REFUSED:
+            return RetryCause.TLS_REFUSED
+        return RetryCause.NEVER_CONNECTED
+    if status == 401:
+        return RetryCause.TOKEN_REFUSED
+    if status >= 500:
+        return RetryCause.STATUS_503
+    return RetryCause.STATUS_429
 
 
 def retry_delay(

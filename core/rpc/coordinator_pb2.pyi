@@ -793,6 +793,50 @@ class Inspection(_message.Message):
         def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_at) -> _WhichOneofReturnType__timeout_at | None: ...
 
     @_typing.final
+    class Retry(_message.Message):
+        """A ready call waiting for its next automatic attempt after a retryable answer."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        LAST_CAUSE_FIELD_NUMBER: _builtins.int
+        LAST_STATUS_FIELD_NUMBER: _builtins.int
+        LAST_ATTEMPT_AT_FIELD_NUMBER: _builtins.int
+        NEXT_ATTEMPT_AT_FIELD_NUMBER: _builtins.int
+        DEADLINE_AT_FIELD_NUMBER: _builtins.int
+        last_cause: _builtins.str
+        """never-connected, tls-refused, token-refused, status-429 or status-503"""
+        last_status: _builtins.int
+        """The product's status, when it answered."""
+        last_attempt_at: _builtins.str
+        next_attempt_at: _builtins.str
+        deadline_at: _builtins.str
+        def __init__(
+            self,
+            *,
+            last_cause: _builtins.str = ...,
+            last_status: _builtins.int | None = ...,
+            last_attempt_at: _builtins.str = ...,
+            next_attempt_at: _builtins.str | None = ...,
+            deadline_at: _builtins.str | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_deadline_at", b"_deadline_at", "_last_status", b"_last_status", "_next_attempt_at", b"_next_attempt_at", "deadline_at", b"deadline_at", "last_status", b"last_status", "next_attempt_at", b"next_attempt_at"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_deadline_at", b"_deadline_at", "_last_status", b"_last_status", "_next_attempt_at", b"_next_attempt_at", "deadline_at", b"deadline_at", "last_attempt_at", b"last_attempt_at", "last_cause", b"last_cause", "last_status", b"last_status", "next_attempt_at", b"next_attempt_at"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        _WhichOneofReturnType__deadline_at: _TypeAlias = _typing.Literal["deadline_at"]  # noqa: Y015
+        _WhichOneofArgType__deadline_at: _TypeAlias = _typing.Literal["_deadline_at", b"_deadline_at"]  # noqa: Y015
+        _WhichOneofReturnType__last_status: _TypeAlias = _typing.Literal["last_status"]  # noqa: Y015
+        _WhichOneofArgType__last_status: _TypeAlias = _typing.Literal["_last_status", b"_last_status"]  # noqa: Y015
+        _WhichOneofReturnType__next_attempt_at: _TypeAlias = _typing.Literal["next_attempt_at"]  # noqa: Y015
+        _WhichOneofArgType__next_attempt_at: _TypeAlias = _typing.Literal["_next_attempt_at", b"_next_attempt_at"]  # noqa: Y015
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__deadline_at) -> _WhichOneofReturnType__deadline_at | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__last_status) -> _WhichOneofReturnType__last_status | None: ...
+        @_typing.overload
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__next_attempt_at) -> _WhichOneofReturnType__next_attempt_at | None: ...
+
+    @_typing.final
     class Step(_message.Message):
         DESCRIPTOR: _descriptor.Descriptor
 
@@ -806,19 +850,26 @@ class Inspection(_message.Message):
         WAIT_FIELD_NUMBER: _builtins.int
         STARTED_AT_FIELD_NUMBER: _builtins.int
         ENDED_AT_FIELD_NUMBER: _builtins.int
+        RETRY_FIELD_NUMBER: _builtins.int
         step: _builtins.str
         type: _builtins.str
         state: _builtins.str
         attempts: _builtins.int
         effect: _builtins.str
         cause: _builtins.str
-        """Why the step's effect is unknown or why it sent nothing: a code and a status only."""
+        """Why the step's effect is unknown, why it sent nothing or that it has been retrying
+        too long: a code and a status only.
+        """
         cause_status: _builtins.int
         started_at: _builtins.str
         ended_at: _builtins.str
         @_builtins.property
         def wait(self) -> Global___Inspection.Wait:
             """Set for timer and result waits only."""
+
+        @_builtins.property
+        def retry(self) -> Global___Inspection.Retry:
+            """Set while a call waits for its next automatic attempt only."""
 
         def __init__(
             self,
@@ -833,10 +884,11 @@ class Inspection(_message.Message):
             wait: Global___Inspection.Wait | None = ...,
             started_at: _builtins.str = ...,
             ended_at: _builtins.str | None = ...,
+            retry: Global___Inspection.Retry | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "wait", b"wait"]  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "retry", b"retry", "wait", b"wait"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "attempts", b"attempts", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "started_at", b"started_at", "state", b"state", "step", b"step", "type", b"type", "wait", b"wait"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_cause", b"_cause", "_cause_status", b"_cause_status", "_effect", b"_effect", "_ended_at", b"_ended_at", "attempts", b"attempts", "cause", b"cause", "cause_status", b"cause_status", "effect", b"effect", "ended_at", b"ended_at", "retry", b"retry", "started_at", b"started_at", "state", b"state", "step", b"step", "type", b"type", "wait", b"wait"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         _WhichOneofReturnType__cause: _TypeAlias = _typing.Literal["cause"]  # noqa: Y015
         _WhichOneofArgType__cause: _TypeAlias = _typing.Literal["_cause", b"_cause"]  # noqa: Y015
@@ -954,6 +1006,7 @@ class DoctorReport(_message.Message):
         WAITING_FIELD_NUMBER: _builtins.int
         STATE_KEY_VERSIONS_IN_USE_FIELD_NUMBER: _builtins.int
         STORE_HOST_FIELD_NUMBER: _builtins.int
+        RETRYING_FIELD_NUMBER: _builtins.int
         audit_ready: _builtins.bool
         store_ready: _builtins.bool
         uncertain: _builtins.int
@@ -962,6 +1015,8 @@ class DoctorReport(_message.Message):
         waiting: _builtins.int
         store_host: _builtins.str
         """host:port of the database server the report was read from."""
+        retrying: _builtins.int
+        """Calls waiting for their next automatic attempt after a retryable answer."""
         @_builtins.property
         def state_key_versions_in_use(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
         def __init__(
@@ -975,10 +1030,11 @@ class DoctorReport(_message.Message):
             waiting: _builtins.int = ...,
             state_key_versions_in_use: _abc.Iterable[_builtins.int] | None = ...,
             store_host: _builtins.str = ...,
+            retrying: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_ready", b"audit_ready", "due_jobs", b"due_jobs", "held", b"held", "state_key_versions_in_use", b"state_key_versions_in_use", "store_host", b"store_host", "store_ready", b"store_ready", "uncertain", b"uncertain", "waiting", b"waiting"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_ready", b"audit_ready", "due_jobs", b"due_jobs", "held", b"held", "retrying", b"retrying", "state_key_versions_in_use", b"state_key_versions_in_use", "store_host", b"store_host", "store_ready", b"store_ready", "uncertain", b"uncertain", "waiting", b"waiting"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,6 +61,7 @@ from core.execution.classify import (
     Classified,
     classify_answer,
     classify_failure,
+    retry_cause,
     retry_delay,
 )
 from core.execution.settlement import Failure, Settlement
@@ -272,6 +273,8 @@ async def _record(
             jitter=env.jitter,
         )
         cause = None if result.cause is None else SentNothing(result.cause)
-        await env.settler.retry(claimed, delay, cause)
+        await env.settler.retry(
+            claimed, delay, cause, met=retry_cause(result), status=result.status
+        )
     else:
         await env.settler.uncertain(claimed, result.cause or UNREADABLE_ANSWER, result.cause_status)

@@ -66,10 +66,18 @@ WHOLE_TABLE: dict[str, str] = {
     "recovery_retain": "retain, an operator action: ended runs before a cutoff, LIMIT 100",
 }
 BACKLOG = frozenset(
-    {"step_uncertain", "step_attention", "run_attention", "run_attention_oldest", "run_held"}
+    {
+        "step_uncertain",
+        "step_attention",
+        "run_attention",
+        "run_attention_oldest",
+        "run_held",
+        "step_retrying",
+    }
 )
-"""Partial indexes of what waits for an operator: walking one whole is bounded by the
-operator's backlog, not by how many runs exist."""
+"""Partial indexes of what waits for an operator, or for a product to take its calls again
+(``step_retrying``, which doctor counts whole): walking one whole is bounded by that backlog,
+not by how many runs exist."""
 
 
 @pytest.fixture
@@ -194,17 +202,23 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "a retry that makes the step due again": (
         "dispatcher_step_retry",
         ", step_type = 'call', state = 'prepared', deadline_at = {ns}.now() + interval '1 day'",
-        (5.0, "tls-refused"),
+        (5.0, "tls-refused", "tls-refused", None, 600.0),
+    ),
+    "a retry of a call retrying too long": (
+        "dispatcher_step_retry",
+        ", step_type = 'call', state = 'prepared', deadline_at = {ns}.now() + interval '1 day',"
+        " retry_since = {ns}.now() - interval '1 hour'",
+        (5.0, None, "status-503", 503, 600.0),
     ),
     "a retry that misses the deadline": (
         "dispatcher_step_retry",
         ", step_type = 'call', state = 'prepared', deadline_at = {ns}.now()",
-        (5.0, None),
+        (5.0, None, "status-429", 429, 600.0),
     ),
     "a retry of a step a cancel abandoned": (
         "dispatcher_step_retry",
         "cancel, step_type = 'call', state = 'prepared'",
-        (5.0, None),
+        (5.0, None, "never-connected", None, 600.0),
     ),
     "a wait until an instant": (
         "dispatcher_step_wait",
@@ -236,6 +250,12 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
     "a prepare after a refused token": (
         "dispatcher_step_prepare",
         ", step_type = 'call', state = 'ready', cause = 'token-refused'",
+        (None, 1, NONCE, b"x", "command-key", 60),
+    ),
+    "a prepare after retrying too long": (
+        "dispatcher_step_prepare",
+        ", step_type = 'call', state = 'ready', cause = 'retrying', retry_cause = 'status-503',"
+        " retry_status = 503, retry_last_at = {ns}.now(), retry_since = {ns}.now()",
         (None, 1, NONCE, b"x", "command-key", 60),
     ),
     "a release of a prepared step": (

@@ -432,6 +432,7 @@ async def test_doctor_counts_the_store(env: Served) -> None:
             "storeHost": f"{env.database.host}:{env.database.port}",
             "uncertain": 1,
             "held": 1,
+            "retrying": 0,
             "dueJobs": 1,
             "waiting": 1,
             "stateKeyVersionsInUse": [1],

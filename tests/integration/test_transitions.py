@@ -30,7 +30,7 @@ import pytest
 from core.db.statements import SettleArgs
 from core.execution.onward import Onward
 from core.execution.settlement import Failure, Settlement
-from core.states import Effect, SentNothing, StepState, Transition
+from core.states import Effect, RetryCause, SentNothing, StepState, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
@@ -249,7 +249,10 @@ async def test_settle_on_an_erased_run_keeps_no_payload(kit: DispatchKit) -> Non
 
 async def test_retry_written_makes_the_step_due_again(kit: DispatchKit) -> None:
     dispatcher, claimed = await claimed_call(kit)
-    assert await dispatcher.settler.retry(claimed, 30.0) is Transition.WRITTEN
+    assert (
+        await dispatcher.settler.retry(claimed, 30.0, met=RetryCause.STATUS_503, status=503)
+        is Transition.WRITTEN
+    )
     assert await steps(kit, claimed.run_id) == [("send", 1, "call", "ready", None, False, True)]
     step = await kit.step(claimed.run_id, "send")
     waited = await kit.db.fetchval(
@@ -266,9 +269,10 @@ async def test_retry_after_a_tls_refusal_keeps_the_cause_and_asks_for_attention(
     kit: DispatchKit,
 ) -> None:
     dispatcher, claimed = await claimed_call(kit)
-    assert await dispatcher.settler.retry(claimed, 5.0, SentNothing.TLS_REFUSED) is (
-        Transition.WRITTEN
+    written = await dispatcher.settler.retry(
+        claimed, 5.0, SentNothing.TLS_REFUSED, met=RetryCause.TLS_REFUSED
     )
+    assert written is Transition.WRITTEN
     assert (await kit.step(claimed.run_id, "send"))["cause"] == "tls-refused"
     assert await attention(kit, claimed.run_id)
 
@@ -276,7 +280,9 @@ async def test_retry_after_a_tls_refusal_keeps_the_cause_and_asks_for_attention(
 async def test_retry_abandoned_ends_the_step_cancelled(kit: DispatchKit) -> None:
     dispatcher, claimed = await claimed_call(kit)
     await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
-    assert await dispatcher.settler.retry(claimed, 5.0) is Transition.ABANDONED
+    assert await dispatcher.settler.retry(claimed, 5.0, met=RetryCause.NEVER_CONNECTED) is (
+        Transition.ABANDONED
+    )
     assert await steps(kit, claimed.run_id) == [
         ("send", 1, "call", "cancelled", None, False, False)
     ]
@@ -290,7 +296,10 @@ async def test_retry_past_the_deadline_fails_the_run(kit: DispatchKit) -> None:
         "WHERE run_id = $1",
         claimed.run_id,
     )
-    assert await dispatcher.settler.retry(claimed, 10.0) is Transition.WRITTEN
+    assert (
+        await dispatcher.settler.retry(claimed, 10.0, met=RetryCause.STATUS_429, status=429)
+        is Transition.WRITTEN
+    )
     assert await steps(kit, claimed.run_id) == [("send", 1, "call", "failed", None, False, False)]
     assert await run_row(kit, claimed.run_id) == ("failed", None, "deadline-exceeded", "send")
 
@@ -302,7 +311,10 @@ async def test_retry_before_the_deadline_is_due_again(kit: DispatchKit) -> None:
         "WHERE run_id = $1",
         claimed.run_id,
     )
-    assert await dispatcher.settler.retry(claimed, 9.0) is Transition.WRITTEN
+    assert (
+        await dispatcher.settler.retry(claimed, 9.0, met=RetryCause.STATUS_429, status=429)
+        is Transition.WRITTEN
+    )
     assert (await kit.step(claimed.run_id, "send"))["state"] == "ready"
 
 
@@ -319,7 +331,7 @@ async def test_retry_writes_nothing_without_the_lease(
     dispatcher, claimed = await claimed_call(kit)
     await kit.db.execute(change.format(ns=kit.ns))
     before = await everything(kit, claimed.run_id)
-    assert await dispatcher.settler.retry(claimed, 5.0) is outcome
+    assert await dispatcher.settler.retry(claimed, 5.0, met=RetryCause.STATUS_503) is outcome
     assert await everything(kit, claimed.run_id) == before
 
 

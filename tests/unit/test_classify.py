@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from core.execution.classify import (
     ACCEPTED,
@@ -13,8 +16,10 @@ from core.execution.classify import (
     RETRYABLE,
     STATUS_5XX,
     UNCERTAIN,
+    Classified,
     classify_answer,
     classify_failure,
+    retry_cause,
     retry_delay,
 )
 from core.products.http import (
@@ -28,6 +33,7 @@ from core.products.http import (
     UNSENDABLE,
     ExchangeFailure,
 )
+from core.states import RetryCause
 
 
 def problem(code: str) -> bytes:
@@ -167,3 +173,64 @@ def test_a_retry_delay_needs_at_least_one_retryable_answer() -> None:
 def test_a_problem_code_that_is_not_code_shaped_is_not_repeated() -> None:
     result = classify_answer(409, problem("Jane Doe, 12 Main Street"))
     assert (result.result, result.reason) == (REFUSED, "409")
+
+
+# -- what a retryable answer shows (CONTRACT §8.4 ``retry.lastCause``) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (classify_answer(429, problem("rate-limited")), RetryCause.STATUS_429),
+        (classify_answer(429, b""), RetryCause.STATUS_429),
+        (classify_answer(503, problem("service.unavailable")), RetryCause.STATUS_503),
+        (
+            classify_failure(ExchangeFailure(NEVER_CONNECTED, sent=False)),
+            RetryCause.NEVER_CONNECTED,
+        ),
+        (classify_failure(ExchangeFailure(TLS_REFUSED, sent=False)), RetryCause.TLS_REFUSED),
+        # Any other failure before the first byte left is a connection never made.
+        (classify_failure(ExchangeFailure("dns-failed", sent=False)), RetryCause.NEVER_CONNECTED),
+        # The product refused the token and the issuer gave no fresh one (the dispatcher's).
+        (Classified(RETRYABLE, "401, and no fresh token", 401), RetryCause.TOKEN_REFUSED),
+        # No status but 429 and 503 is retryable today; were one to be, a 5xx reads as the
+        # product's unavailability and anything else as its "not now".
+        (Classified(RETRYABLE, "502", 502), RetryCause.STATUS_503),
+        (Classified(RETRYABLE, "500", 500), RetryCause.STATUS_503),
+        (Classified(RETRYABLE, "408", 408), RetryCause.STATUS_429),
+    ],
+)
+def test_each_retryable_result_names_what_its_attempt_met(
+    result: Classified, expected: RetryCause
+) -> None:
+    assert result.result == RETRYABLE
+    assert retry_cause(result) is expected
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        classify_answer(201, b'{"messageId": "m-1"}'),
+        classify_answer(409, problem("idempotency.conflict")),
+        classify_answer(500, problem("internal")),
+        # A 503 that does not promise the command was left alone is uncertain, never retried.
+        classify_answer(503, problem("draining")),
+        classify_answer(502, b""),
+        classify_failure(ExchangeFailure(CONNECTION_LOST, sent=True)),
+    ],
+)
+def test_a_result_that_is_not_retried_has_no_retry_cause(result: Classified) -> None:
+    assert result.result != RETRYABLE
+    with pytest.raises(ValueError):
+        retry_cause(result)
+
+
+def test_the_retry_causes_are_the_schemas_and_the_api_documents() -> None:
+    root = Path(__file__).resolve().parents[2]
+    schema = (root / "core" / "db" / "schema.sql").read_text()
+    column = re.search(r"retry_cause\s+text CHECK \(retry_cause IN \((.*?)\)\)", schema, re.DOTALL)
+    assert column
+    assert set(re.findall(r"'([a-z0-9-]+)'", column[1])) == {str(c) for c in RetryCause}
+    api = yaml.safe_load((root / "docs" / "openapi.yaml").read_text())
+    listed = api["components"]["schemas"]["Retry"]["properties"]["lastCause"]["enum"]
+    assert set(listed) == {str(c) for c in RetryCause}

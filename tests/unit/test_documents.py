@@ -175,6 +175,7 @@ DOCTOR: dict[str, Any] = {
         "storeHost": "db-a.example.org:5432",
         "uncertain": 3,
         "held": 2,
+        "retrying": 7,
         "dueJobs": 40_000_000_000,
         "waiting": 1_000_000,
         "stateKeyVersionsInUse": [1, 2],

@@ -59,8 +59,8 @@ BEGIN
     -- grants; the rest are for triggers only.
     GRANT EXECUTE ON FUNCTION {{ns}}.now(), {{ns}}.state_key_versions_in_use()
        TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
-    GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.step_wants_attention,
-                              {{ns}}.step_abandoned
+    GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.ready_attention,
+                              {{ns}}.step_wants_attention, {{ns}}.step_abandoned
        TO {{admission}}, {{dispatcher}}, {{recovery}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,

@@ -19,7 +19,8 @@
 -- it or puts its own in place, and preparing a command or ending the step clears a
 -- sent_nothing cause. Attention follows the run's steps as step_wants_attention (schema.sql)
 -- says: a step uncertain or not-sent, or a ready call that sent nothing for a cause only
--- an operator can mend.
+-- an operator can mend, or that has kept getting retryable answers for too long (retrying:
+-- schema.sql, "Retries in sight").
 
 -- name: dispatcher_claim
 -- Lease up to limit due, unclaimed steps of runs that have not ended to owner for
@@ -148,6 +149,52 @@ SELECT count(*) AS released, count(*) FILTER (WHERE x.state = 'uncertain') AS un
            FOR UPDATE SKIP LOCKED) e
  CROSS JOIN LATERAL {{ns}}.step_lease_end(e.run_id, e.step_id, NULL) x;
 
+-- name: dispatcher_flag_retrying
+-- Find up to limit calls whose series of retryable answers has lasted long enough to ask
+-- for attention (retry_attention_at passed: schema.sql, "Retries in sight") and are ready,
+-- unleased and without a cause, and give each the cause retrying and its run attention.
+-- Runs through step_retrying from its oldest instant and stops at the limit, so a look that
+-- finds nothing reads one index page. The run row is locked before the step's, as every
+-- transition locks them, and a run or step that another transaction holds is skipped (never
+-- waited for: the next look finds it again). Answers how many steps were flagged.
+-- $1 limit (integer): at most this many steps
+-- returns: value (bigint)
+WITH due AS MATERIALIZED (
+    SELECT s.run_id, s.step_id
+      FROM {{ns}}.step s
+     WHERE s.state = 'ready' AND s.retry_cause IS NOT NULL
+       AND s.retry_attention_at <= {{ns}}.now()
+     ORDER BY s.retry_attention_at
+     LIMIT $1
+), runs AS MATERIALIZED (
+    -- (the runs by id, never a join that a plan could start from the run table)
+    SELECT r.id
+      FROM {{ns}}.run r
+     WHERE r.id = ANY (ARRAY(SELECT d.run_id FROM due d))
+       AND r.ended_at IS NULL
+       FOR NO KEY UPDATE SKIP LOCKED
+), steps AS MATERIALIZED (
+    SELECT s.run_id, s.step_id
+      FROM {{ns}}.step s
+     WHERE s.run_id = ANY (ARRAY(SELECT r.id FROM runs r))
+       AND (s.run_id, s.step_id) IN (SELECT d.run_id, d.step_id FROM due d)
+       AND s.state = 'ready' AND s.lease_owner IS NULL AND s.cause IS NULL
+       AND s.retry_cause IS NOT NULL
+       AND s.retry_attention_at <= {{ns}}.now()
+       FOR NO KEY UPDATE SKIP LOCKED
+), flagged AS (
+    UPDATE {{ns}}.step s
+       SET cause = 'retrying', retry_attention_at = NULL, updated_at = {{ns}}.now()
+      FROM steps f
+     WHERE s.run_id = f.run_id AND s.step_id = f.step_id
+    RETURNING s.run_id
+), noticed AS (
+    UPDATE {{ns}}.run u
+       SET attention = true, updated_at = {{ns}}.now()
+     WHERE u.id IN (SELECT run_id FROM flagged)
+)
+SELECT count(*) FROM flagged;
+
 -- name: dispatcher_next_wake
 -- When the dispatcher next has something to do: seconds until the earliest due, unclaimed
 -- step of a live run and until the earliest lease expiry (each null when there is none;
@@ -223,8 +270,11 @@ RETURNING state;
 -- clears both (transitions.sql). A step that was never prepared has no deadline yet: the
 -- first such attempt counts as the first and sets it, deadline_seconds from now, so the
 -- claim after it answers past_deadline and the run fails deadline-exceeded as a retried
--- call would. The run row is locked first, as a cancel locks it. Answers when the step is
--- due again; no row, and nothing written, when the lease is no longer this owner's.
+-- call would. Like a retry, it records what the attempt met (retry_cause: the same cause),
+-- now, and the series of retryable answers it belongs to or begins (schema.sql, "Retries
+-- in sight"), and moves the run's updated_at. The run row is locked first, as a cancel
+-- locks it. Answers when the step is due again; no row, and nothing written, when the lease
+-- is no longer this owner's.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
@@ -239,6 +289,8 @@ WITH r AS (
     UPDATE {{ns}}.step s
        SET state = 'ready',
            cause = $4::text, cause_status = NULL,
+           retry_cause = $4::text, retry_status = NULL, retry_last_at = {{ns}}.now(),
+           retry_since = coalesce(s.retry_since, {{ns}}.now()), retry_attention_at = NULL,
            first_attempt_at = coalesce(s.first_attempt_at, {{ns}}.now()),
            deadline_at = coalesce(s.deadline_at,
                                   {{ns}}.now() + make_interval(secs => $6::integer)),
@@ -257,7 +309,7 @@ WITH r AS (
     UPDATE {{ns}}.run u
        SET attention = true, updated_at = {{ns}}.now()
       FROM withheld
-     WHERE u.id = $1 AND u.ended_at IS NULL AND NOT u.attention
+     WHERE u.id = $1 AND u.ended_at IS NULL
 )
 SELECT due_at FROM withheld;
 
@@ -318,19 +370,25 @@ SELECT outcome, run_state FROM {{ns}}.step_make_uncertain($1, $2, $3, $4, $5);
 -- A call step leased to owner was definitely not processed: ready again, due in delay
 -- seconds, with the same command and key; cause is null, or tls-refused when nothing left
 -- because the product failed TLS verification (the step keeps it and the run asks for
--- attention). One call of step_retry in transitions.sql, which says what each outcome
--- wrote (an abandoned step ends cancelled; one whose deadline a retry would miss fails
--- the run); always one row, due_at set only when the step is ready again.
+-- attention). The step records what the attempt met (retry_cause, retry_status) and, once
+-- its series of retryable answers has lasted attention_after seconds, asks for attention
+-- with the cause retrying. One call of step_retry in transitions.sql, which says what each
+-- outcome wrote (an abandoned step ends cancelled; one whose deadline a retry would miss
+-- fails the run); always one row, due_at set only when the step is ready again.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
 -- $4 delay (float8)
 -- $5 cause (text, null): a sent_nothing cause (schema.sql), or null
+-- $6 retry_cause (text): what the attempt met (step.retry_cause in schema.sql)
+-- $7 retry_status (integer, null): the product's status when it answered
+-- $8 attention_after (float8): deployment.attention.retryingAfterSeconds
 -- returns: row
 -- column outcome (text)
 -- column run_state (text, null)
 -- column due_at (timestamptz, null)
-SELECT outcome, run_state, due_at FROM {{ns}}.step_retry($1, $2, $3, $4, $5);
+SELECT outcome, run_state, due_at
+  FROM {{ns}}.step_retry($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: dispatcher_step_wait
 -- A step leased to owner waits: due at due_at, timing out at timeout_at (a timeout

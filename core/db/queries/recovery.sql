@@ -375,9 +375,10 @@ SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
 
 -- name: recovery_doctor
 -- One row for the doctor report: schema version, databaseId, activation serial, holds, and
--- the counts of uncertain steps (the operator's backlog, through step_uncertain) and of
--- due unclaimed steps (the dispatchers' backlog, through step_due). The runs per state are
--- recovery_run_state_counts.
+-- the counts of uncertain steps (the operator's backlog, through step_uncertain), of calls
+-- waiting for their next automatic attempt after a retryable answer (through
+-- step_retrying) and of due unclaimed steps (the dispatchers' backlog, through step_due).
+-- The runs per state are recovery_run_state_counts.
 -- returns: row
 -- column schema_version (integer, null): the highest installed (max: null were none recorded)
 -- column database_id (text)
@@ -385,6 +386,7 @@ SELECT CASE WHEN c.relpages > 0 AND c.reltuples >= 0
 -- column execution_hold (boolean)
 -- column admission_hold (boolean)
 -- column uncertain (bigint)
+-- column retrying (bigint)
 -- column due_jobs (bigint)
 SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
        d.database_id::text AS database_id,
@@ -392,6 +394,8 @@ SELECT (SELECT max(version) FROM {{ns}}.schema_version) AS schema_version,
        h.execution_hold,
        h.admission_hold,
        (SELECT count(*) FROM {{ns}}.step WHERE state = 'uncertain') AS uncertain,
+       (SELECT count(*) FROM {{ns}}.step
+         WHERE state = 'ready' AND retry_cause IS NOT NULL) AS retrying,
        (SELECT count(*) FROM {{ns}}.step
          WHERE due_at IS NOT NULL AND lease_owner IS NULL
            AND due_at <= {{ns}}.now()) AS due_jobs

@@ -41,7 +41,8 @@ RETURNING epoch;
 -- uncertain: an earlier snapshot also holds leased steps that never stored a key), or is
 -- held under a lease (its holder may have prepared and sent since). Each becomes uncertain
 -- with an unknown effect and cause restore-snapshot (one already uncertain keeps the cause
--- it had), not due and without a lease; its run, unless ended, is held with attention.
+-- it had), not due, without a lease and without a record of retries; its run, unless
+-- ended, is held with attention.
 -- Answers how many steps and runs the snapshot holds.
 -- $1 epoch (bigint)
 -- returns: row
@@ -66,6 +67,8 @@ WITH found AS (
                         THEN s.cause ELSE 'restore-snapshot' END,
            cause_status = CASE WHEN s.state = 'uncertain' AND s.cause IS NOT NULL
                                THEN s.cause_status END,
+           retry_cause = NULL, retry_status = NULL, retry_last_at = NULL,
+           retry_since = NULL, retry_attention_at = NULL,
            lease_owner = NULL, lease_expires_at = NULL, lease_epoch = NULL,
            updated_at = {{ns}}.now()
       FROM found f

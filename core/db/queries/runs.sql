@@ -47,10 +47,15 @@ SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
 -- column next_check_at (timestamptz, null)
 -- column timeout_at (timestamptz, null)
 -- column checks (integer)
+-- column retry_cause (text, null): a ready call's last retryable answer, while it waits
+-- column retry_status (integer, null)
+-- column retry_last_at (timestamptz, null)
+-- column deadline_at (timestamptz, null)
 -- column started_at (timestamptz)
 -- column ended_at (timestamptz, null)
 SELECT step_id, seq, step_type, state, attempts, effect, cause, cause_status, due_at,
-       next_check_at, timeout_at, checks, started_at, ended_at
+       next_check_at, timeout_at, checks, retry_cause, retry_status, retry_last_at,
+       deadline_at, started_at, ended_at
   FROM {{ns}}.step
  WHERE run_id = $1
  ORDER BY seq;
