@@ -5,8 +5,10 @@ The operator opens the attention list. It must say 1,000 runs, show the 50 held 
 first, and page forward and back. The operator then settles all of them with the bulk form:
 a preview (a dry run) shows how many runs and which ones, and confirming resends each held
 command once under its original key. The stand-in's ledger is the witness that nothing was
-processed twice. Screenshots of the list, the preview and the result land in the
-artifacts folder. The page's time at 1,000 held runs is printed (`-s`) for the issue note;
+processed twice. Last, a call that Messaging keeps answering 503 shows why and when it
+will be tried again, and asks for an operator once the retries have lasted ten minutes.
+Screenshots of the list, the bulk form, its preview and result, and the retried call land
+in the artifacts folder. The page's time at 1,000 held runs is printed (`-s`) for the issue note;
 the figure to hold belongs to the bench, not to this test.
 """
 
@@ -20,7 +22,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from core.config.model import DEFAULT_RETRYING_AFTER_SECONDS
+from core.execution.classify import RETRY_CAP_SECONDS
 from devstack.postgres import PostgresCluster
+from tests.helpers.faults import CALL_STEP
 from tests.helpers.recovery_kit import (
     MESSAGING,
     RecoveryStack,
@@ -31,6 +36,8 @@ from tests.helpers.recovery_kit import (
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 HELD_RUNS = 1000
+RETRYING_AFTER_SECONDS = DEFAULT_RETRYING_AFTER_SECONDS
+"""The stack's runtime file leaves ``deployment.attention`` out: the default applies."""
 PAGE_ROWS = 50
 SUBJECT = "person-scale-4410"
 """The runs' input value (with a number after it): it must never appear on a page."""
@@ -177,3 +184,49 @@ def _ledger(stack: RecoveryStack, run_ids: list[str]) -> set[tuple[int, int]]:
     return {
         (int(stats["received"].get(key, 0)), int(stats["processed"].get(key, 0))) for key in keys
     }
+
+
+def test_a_call_being_retried_shows_why_and_when_then_asks_for_an_operator(
+    page: Page,
+    stack: RecoveryStack,
+    held: list[str],
+    console_url: str,
+    artifacts_dir: Path,
+) -> None:
+    # Messaging answers 503 ("not processed, try later") to every command from now on.
+    stack.fault_on(MESSAGING, "fail-before", HELD_RUNS)
+    run_id = stack.start_run(f"{SUBJECT}-retried")
+
+    def retried() -> bool:
+        steps = [s for s in stack.inspection(run_id)["steps"] if s["step"] == CALL_STEP]
+        return bool(steps) and "retry" in steps[-1]
+
+    wait_for(retried, "the call answered 503 and waits for its next attempt")
+    assert stack.status(run_id)["attention"] is False
+    origin = console_url.split("/?", 1)[0]
+    page.goto(console_url)
+    page.goto(f"{origin}/runs/{run_id}")
+    step = page.get_by_role("row").filter(has=page.get_by_role("rowheader", name=CALL_STEP))
+    expect(step).to_contain_text("retrying: the product answered 503 (unavailable) at")
+    expect(step).to_contain_text("next attempt")
+    expect(step).to_contain_text("gives up at")
+    page.screenshot(path=str(artifacts_dir / "retrying-call.png"), full_page=True)
+
+    # Past deployment.attention.retryingAfterSeconds (600 by default) of 503s, the run asks
+    # for an operator, and the attention list says why.
+    stack.advance(RETRYING_AFTER_SECONDS + 1)
+    wait_for(lambda: stack.status(run_id)["attention"] is True, "attention after 600 s")
+    page.goto(f"{origin}/?cause=retrying")
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name=run_id))
+    expect(row).to_contain_text(
+        f"{CALL_STEP}: the call has been retried automatically for longer than"
+    )
+    page.screenshot(path=str(artifacts_dir / "retrying-attention.png"), full_page=True)
+    assert SUBJECT not in page.content()
+
+    # Messaging is back: the next attempt goes through and the attention goes with it.
+    stack.clear_fault_on(MESSAGING)
+    stack.advance(RETRY_CAP_SECONDS + 1)
+    assert stack.wait_ended(run_id)["state"] == "succeeded"
+    assert stack.status(run_id)["attention"] is False
+    assert stack.counts(run_id)[1] == 1
