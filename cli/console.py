@@ -54,7 +54,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cli import api
+from cli import api, render
 from core import clock
 from core.actions import ACTIONS, RUN, operator_actions
 from core.codes import Code
@@ -402,6 +402,22 @@ def wait_text(step: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def offered_actions(steps: Sequence[Mapping[str, Any]], no_receipts: str | None) -> list[str]:
+    """The forms a live run's page offers: reconcile while a call's effect is unknown and
+    its product keeps receipts, retry-same while a call is held (unknown or never seen by
+    the product), cancel always. A call the coordinator is still retrying by itself holds
+    nothing for an operator to settle or resend, so its run is offered cancel alone."""
+    states = {step.get("state") for step in steps}
+    offered = []
+    for action in FORMS:
+        if action == "reconcile" and ("uncertain" not in states or no_receipts):
+            continue
+        if action == "retry-same" and not states & {"uncertain", "not-sent"}:
+            continue
+        offered.append(action)
+    return offered
+
+
 def retry_text(step: Mapping[str, Any]) -> str:
     """A call waiting for its next automatic attempt: why the last one did not go through,
     when it was, when the next one is due and until when it will be retried."""
@@ -586,7 +602,7 @@ class Console:
             refusal=refusal,
             refused_action=action,
             notice=notice,
-            actions=[a for a in FORMS if not (a == "reconcile" and no_receipts)],
+            actions=offered_actions(steps, no_receipts),
             no_receipts=no_receipts,
         )
 
@@ -651,7 +667,7 @@ class Console:
             action=action,
             matched=int(answer.get("matched") or 0),
             results=results,
-            tally=tally(results),
+            tally=render.tally(results),
         )
 
     async def act(self, request: Request, session: str) -> Response:
@@ -690,15 +706,6 @@ def bulk_body(form: Mapping[str, str]) -> dict[str, Any]:
     filters: dict[str, Any] = {"attention": True}
     filters |= {name: form[name] for name in ATTENTION_FILTERS if form.get(name)}
     return {"reason": form.get("reason", ""), "filter": filters, "limit": limit}
-
-
-def tally(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
-    """How many runs answered each result or refusal code, most common first."""
-    counts: dict[str, int] = {}
-    for entry in results:
-        word = str(entry.get("result") or entry.get("code") or "-")
-        counts[word] = counts.get(word, 0) + 1
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
 async def _form(request: Request) -> dict[str, str] | None:

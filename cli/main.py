@@ -823,11 +823,7 @@ def bulk_action(
         return
     results = answer.get("results", [])
     typer.echo(render.table(results, ("runId", "result", "code")))
-    tally: dict[str, int] = {}
-    for entry in results:
-        word = entry.get("result") or entry.get("code") or "-"
-        tally[word] = tally.get(word, 0) + 1
-    summary = ", ".join(f"{word} {count}" for word, count in sorted(tally.items()))
+    summary = ", ".join(f"{word} {count}" for word, count in render.tally(results))
     typer.echo(f"{action.value} on {answer.get('matched', 0)} runs: {summary or 'none'}")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import typer
@@ -112,3 +112,13 @@ def refusal(error: CoordinatorError, output: str) -> None:
         return
     for entry in entries:
         sys.stderr.write(f"coordinator.{entry['code']}: {entry['detail']}{_located(entry)}\n")
+
+
+def tally(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """How many runs of a bulk action's answer came out with each result or refusal code,
+    most common first."""
+    counts: dict[str, int] = {}
+    for entry in results:
+        word = str(entry.get("result") or entry.get("code") or "-")
+        counts[word] = counts.get(word, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))

@@ -533,6 +533,38 @@ async def test_a_call_being_retried_shows_its_last_cause_next_attempt_and_deadli
     assert "retrying:" not in (await client.get(f"/runs/{HELD}")).text
 
 
+async def test_a_run_with_no_held_call_is_offered_cancel_alone(
+    client: httpx.AsyncClient, settings: web.Settings
+) -> None:
+    await _open(client, settings)
+    page = (await client.get(f"/runs/{WAITING}")).text  # a ready call, token refused
+    assert f'action="/runs/{WAITING}/cancel"' in page
+    assert f'action="/runs/{WAITING}/retry-same"' not in page
+    assert f'action="/runs/{WAITING}/reconcile"' not in page
+    assert "No call of this run is held for an operator" in page
+    held = (await client.get(f"/runs/{HELD}")).text  # an uncertain call to Messaging
+    for action in ("reconcile", "retry-same", "cancel"):
+        assert f'action="/runs/{HELD}/{action}"' in held
+    assert "No call of this run is held" not in held
+
+
+@pytest.mark.parametrize(
+    ("states", "no_receipts", "offered"),
+    [
+        ({"uncertain"}, None, ["retry-same", "cancel", "reconcile"]),
+        ({"uncertain"}, "casework create-review-request", ["retry-same", "cancel"]),
+        ({"not-sent", "completed"}, None, ["retry-same", "cancel"]),
+        ({"ready"}, None, ["cancel"]),
+        ({"waiting", "completed"}, None, ["cancel"]),
+    ],
+)
+def test_each_form_is_offered_only_where_it_can_act(
+    states: set[str], no_receipts: str | None, offered: list[str]
+) -> None:
+    steps = [{"state": state} for state in sorted(states)]
+    assert sorted(web.offered_actions(steps, no_receipts)) == sorted(offered)
+
+
 @pytest.mark.parametrize(
     ("retry", "shown"),
     [
