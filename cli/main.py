@@ -40,6 +40,7 @@ from cli.options import (
     StateOpt,
     StepOpt,
     TokenOpt,
+    TrueFalse,
     UpdatedBeforeOpt,
     UrlOpt,
     WorkflowFilterOpt,
@@ -800,11 +801,10 @@ def bulk_action(
     """The action on every run the filters choose, oldest first (as list --order oldest),
     each audited as that action; --dry-run first to see which."""
     api.check_reference("--reason", reason)
-    filters: dict[str, Any] = dict(
-        run_filter(attention, state, workflow, step, cause, updated_before)
-    )
-    if "attention" in filters:
-        filters["attention"] = filters["attention"] == "true"
+    # The list's filters, but attention as the JSON boolean a body holds.
+    filters: dict[str, Any] = dict(run_filter(None, state, workflow, step, cause, updated_before))
+    if attention is not None:
+        filters["attention"] = attention is TrueFalse.true
     body: dict[str, Any] = {"reason": reason, "filter": filters, "limit": limit}
     if dry_run:
         body["dryRun"] = True

@@ -110,9 +110,7 @@ async def act_on_each(
     """Act on every run in ``run_ids``, each audited as ``action``; the results in order."""
     results: list[dict[str, str]] = [{"runId": run_id} for run_id in run_ids]
     budget = _Budget(time.monotonic() + VERDICT_BUDGET_SECONDS)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(len(run_ids)):
-        queue.put_nowait(index)
+    waiting = iter(range(len(run_ids)))  # shared: each worker takes the next run's index
     stopped: list[BaseException] = []
 
     async def one(index: int) -> None:
@@ -133,8 +131,9 @@ async def act_on_each(
         await append(backend, token, action, outcome, AuditNote(run_id, reason))
 
     async def worker() -> None:
-        while not stopped and not queue.empty():
-            index = queue.get_nowait()
+        for index in waiting:
+            if stopped:
+                return
             try:
                 await one(index)
             except Exception as exc:  # the audit journal or the backend broke

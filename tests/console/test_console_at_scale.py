@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from core.config.model import DEFAULT_RETRYING_AFTER_SECONDS
-from core.execution.classify import RETRY_CAP_SECONDS
 from devstack.postgres import PostgresCluster
-from tests.helpers.faults import CALL_STEP
 from tests.helpers.recovery_kit import (
-    MESSAGING,
     RecoveryStack,
     started_recovery_stack,
     wait_for,
@@ -52,17 +48,7 @@ def stack(postgres_server: PostgresCluster) -> Iterator[RecoveryStack]:
 @pytest.fixture(scope="module")
 def held(stack: RecoveryStack) -> list[str]:
     """1,000 runs held by one Messaging outage, in the order they were started."""
-    stack.fault_on(MESSAGING, "fail-after", HELD_RUNS)
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        started = list(pool.map(lambda n: stack.start_run(f"{SUBJECT}-{n}"), range(HELD_RUNS)))
-
-    def all_held() -> bool:
-        answer = stack.get("/v1/runs?attention=true&limit=1")
-        return bool(answer.json()["total"] == HELD_RUNS)
-
-    wait_for(all_held, f"{HELD_RUNS} runs held", timeout=240)
-    stack.clear_fault_on(MESSAGING)
-    return started
+    return stack.held_by_outage(HELD_RUNS, SUBJECT)
 
 
 def _oldest_first(stack: RecoveryStack) -> list[str]:
@@ -144,7 +130,7 @@ def test_one_bulk_retry_same_from_the_console_settles_them_all(
     assert previewed == _oldest_first(stack)[: len(previewed)]
     page.screenshot(path=str(artifacts_dir / "bulk-preview.png"), full_page=True)
     # The preview sent nothing to Messaging.
-    assert _ledger(stack, held) == {(1, 1)}
+    assert stack.ledger(held) == {(1, 1)}
 
     page.set_default_timeout(300_000)  # a thousand resends, a few at a time
     began = time.monotonic()
@@ -161,12 +147,13 @@ def test_one_bulk_retry_same_from_the_console_settles_them_all(
     print(f"console bulk retry-same of {HELD_RUNS} held runs: {took:.1f} s; {summary}")
     page.screenshot(path=str(artifacts_dir / "bulk-result.png"), full_page=True)
 
-    def settled() -> bool:
-        return bool(stack.get("/v1/runs?state=succeeded&limit=1").json()["total"] == HELD_RUNS)
-
-    wait_for(settled, "every resent run finished", timeout=240)
+    wait_for(
+        lambda: stack.total("state=succeeded") == HELD_RUNS,
+        "every resent run finished",
+        timeout=240,
+    )
     # One resend each, under the original key: received twice, processed once.
-    assert _ledger(stack, held) == {(2, 1)}
+    assert stack.ledger(held) == {(2, 1)}
     assert stack.twice() == []
     assert len(stack.audited("retry-same")) == HELD_RUNS
     assert [r["reason"] for r in stack.audited("bulk-retry-same")] == ["INC-2041-outage"] * 2
@@ -174,59 +161,3 @@ def test_one_bulk_retry_same_from_the_console_settles_them_all(
 
 def _preview_ids(page: Page) -> list[str]:
     return page.locator("tbody td a code").all_inner_texts()
-
-
-def _ledger(stack: RecoveryStack, run_ids: list[str]) -> set[tuple[int, int]]:
-    """Each run's ``(received, processed)`` in the Messaging stand-in's ledger, as a set
-    (one read of the ledger for all of them)."""
-    stats = stack.stats_of(MESSAGING)
-    keys = [stack.key_of(run_id) for run_id in run_ids]
-    return {
-        (int(stats["received"].get(key, 0)), int(stats["processed"].get(key, 0))) for key in keys
-    }
-
-
-def test_a_call_being_retried_shows_why_and_when_then_asks_for_an_operator(
-    page: Page,
-    stack: RecoveryStack,
-    held: list[str],
-    console_url: str,
-    artifacts_dir: Path,
-) -> None:
-    # Messaging answers 503 ("not processed, try later") to every command from now on.
-    stack.fault_on(MESSAGING, "fail-before", HELD_RUNS)
-    run_id = stack.start_run(f"{SUBJECT}-retried")
-
-    def retried() -> bool:
-        steps = [s for s in stack.inspection(run_id)["steps"] if s["step"] == CALL_STEP]
-        return bool(steps) and "retry" in steps[-1]
-
-    wait_for(retried, "the call answered 503 and waits for its next attempt")
-    assert stack.status(run_id)["attention"] is False
-    origin = console_url.split("/?", 1)[0]
-    page.goto(console_url)
-    page.goto(f"{origin}/runs/{run_id}")
-    step = page.get_by_role("row").filter(has=page.get_by_role("rowheader", name=CALL_STEP))
-    expect(step).to_contain_text("retrying: the product answered 503 (unavailable) at")
-    expect(step).to_contain_text("next attempt")
-    expect(step).to_contain_text("gives up at")
-    page.screenshot(path=str(artifacts_dir / "retrying-call.png"), full_page=True)
-
-    # Past deployment.attention.retryingAfterSeconds (600 by default) of 503s, the run asks
-    # for an operator, and the attention list says why.
-    stack.advance(RETRYING_AFTER_SECONDS + 1)
-    wait_for(lambda: stack.status(run_id)["attention"] is True, "attention after 600 s")
-    page.goto(f"{origin}/?cause=retrying")
-    row = page.get_by_role("row").filter(has=page.get_by_role("link", name=run_id))
-    expect(row).to_contain_text(
-        f"{CALL_STEP}: the call has been retried automatically for longer than"
-    )
-    page.screenshot(path=str(artifacts_dir / "retrying-attention.png"), full_page=True)
-    assert SUBJECT not in page.content()
-
-    # Messaging is back: the next attempt goes through and the attention goes with it.
-    stack.clear_fault_on(MESSAGING)
-    stack.advance(RETRY_CAP_SECONDS + 1)
-    assert stack.wait_ended(run_id)["state"] == "succeeded"
-    assert stack.status(run_id)["attention"] is False
-    assert stack.counts(run_id)[1] == 1

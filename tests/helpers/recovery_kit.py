@@ -29,6 +29,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -340,6 +341,37 @@ class RecoveryStack(FaultStack):
             json={"advanceSeconds": seconds},
             timeout=5.0,
         ).raise_for_status()
+
+    def ledger(self, run_ids: Sequence[str], product: str = MESSAGING) -> set[tuple[int, int]]:
+        """The ``(received, processed)`` pairs of the runs' call commands in a stand-in's
+        ledger, as a set (one read of the ledger for all of them)."""
+        stats = self.stats_of(product)
+        keys = [self.key_of(run_id) for run_id in run_ids]
+        return {
+            (int(stats["received"].get(key, 0)), int(stats["processed"].get(key, 0)))
+            for key in keys
+        }
+
+    def held_by_outage(self, count: int, subject: str) -> list[str]:
+        """``count`` runs of the notice workflow, each held by a Messaging outage (processed,
+        then answered 500: effect unknown), started eight at a time; their ids in the order
+        started. The fault is cleared once every one of them is held."""
+        self.fault_on(MESSAGING, "fail-after", count)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            started = list(pool.map(lambda n: self.start_run(f"{subject}-{n}"), range(count)))
+        wait_for(
+            lambda: self.total("attention=true&cause=status-5xx") == count,
+            f"{count} runs held by the outage",
+            timeout=240,
+        )
+        self.clear_fault_on(MESSAGING)
+        return started
+
+    def total(self, query: str) -> int:
+        """The list's ``total`` for ``query`` (``GET /v1/runs?limit=1&…``)."""
+        answer = self.get(f"/v1/runs?limit=1&{query}")
+        answer.raise_for_status()
+        return int(answer.json()["total"])
 
     def twice(self, product: str = MESSAGING) -> list[str]:
         """Command keys a stand-in processed more than once (must always be empty)."""
