@@ -22,8 +22,11 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from core.config.model import DEFAULT_RETRYING_AFTER_SECONDS
+from core.execution.classify import RETRY_CAP_SECONDS
 from devstack.postgres import PostgresCluster
+from tests.helpers.faults import CALL_STEP
 from tests.helpers.recovery_kit import (
+    MESSAGING,
     RecoveryStack,
     started_recovery_stack,
     wait_for,
@@ -161,3 +164,49 @@ def test_one_bulk_retry_same_from_the_console_settles_them_all(
 
 def _preview_ids(page: Page) -> list[str]:
     return page.locator("tbody td a code").all_inner_texts()
+
+
+def test_a_call_being_retried_shows_why_and_when_then_asks_for_an_operator(
+    page: Page,
+    stack: RecoveryStack,
+    held: list[str],
+    console_url: str,
+    artifacts_dir: Path,
+) -> None:
+    # Messaging answers 503 ("not processed, try later") to every command from now on.
+    stack.fault_on(MESSAGING, "fail-before", HELD_RUNS)
+    run_id = stack.start_run(f"{SUBJECT}-retried")
+
+    def retried() -> bool:
+        steps = [s for s in stack.inspection(run_id)["steps"] if s["step"] == CALL_STEP]
+        return bool(steps) and "retry" in steps[-1]
+
+    wait_for(retried, "the call answered 503 and waits for its next attempt")
+    assert stack.status(run_id)["attention"] is False
+    origin = console_url.split("/?", 1)[0]
+    page.goto(console_url)
+    page.goto(f"{origin}/runs/{run_id}")
+    step = page.get_by_role("row").filter(has=page.get_by_role("rowheader", name=CALL_STEP))
+    expect(step).to_contain_text("retrying: the product answered 503 (unavailable) at")
+    expect(step).to_contain_text("next attempt")
+    expect(step).to_contain_text("gives up at")
+    page.screenshot(path=str(artifacts_dir / "retrying-call.png"), full_page=True)
+
+    # Past deployment.attention.retryingAfterSeconds (600 by default) of 503s, the run asks
+    # for an operator, and the attention list says why.
+    stack.advance(RETRYING_AFTER_SECONDS + 1)
+    wait_for(lambda: stack.status(run_id)["attention"] is True, "attention after 600 s")
+    page.goto(f"{origin}/?cause=retrying")
+    row = page.get_by_role("row").filter(has=page.get_by_role("link", name=run_id))
+    expect(row).to_contain_text(
+        f"{CALL_STEP}: the call has been retried automatically for longer than"
+    )
+    page.screenshot(path=str(artifacts_dir / "retrying-attention.png"), full_page=True)
+    assert SUBJECT not in page.content()
+
+    # Messaging is back: the next attempt goes through and the attention goes with it.
+    stack.clear_fault_on(MESSAGING)
+    stack.advance(RETRY_CAP_SECONDS + 1)
+    assert stack.wait_ended(run_id)["state"] == "succeeded"
+    assert stack.status(run_id)["attention"] is False
+    assert stack.counts(run_id)[1] == 1
