@@ -55,7 +55,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cli import api, render
-from core import clock
+from core import clock, derive
 from core.actions import ACTIONS, RUN, operator_actions
 from core.codes import Code
 from core.errors import CoordinatorError
@@ -77,6 +77,10 @@ ATTENTION_PAGE: Final = 50
 """Runs per attention page (one API call a page)."""
 ATTENTION_FILTERS: Final = ("workflow", "step", "cause", "updatedBefore")
 """The list filters the attention page offers (``GET /v1/runs``'s names)."""
+SEARCH_FIELDS: Final = ("runIdPrefix", "workflow", "startKey", "startSub", "eventSource", "eventId")
+"""What the find page's forms send, by ``GET /v1/runs``'s names; the API checks them."""
+SEARCH_PAGE: Final = 100
+"""Runs a search shows (its total counts them all)."""
 FIRST: Final = "-"
 """The first page in the attention list's trail (a cursor is never a lone ``-``)."""
 TRAIL_LIMIT: Final = 200
@@ -568,6 +572,32 @@ class Console:
             bulk_limit=min(MAX_BULK_LIMIT, max(1, int(listing.get("total") or 0))),
         )
 
+    async def find(self, request: Request, session: str) -> Response:
+        """The searches by run id prefix, start key or event: the forms, and what the one
+        that was sent found (the API refuses an incomplete or mixed search by name)."""
+        asked = {
+            name: value
+            for name in SEARCH_FIELDS
+            if (value := (request.query_params.get(name) or "").strip())
+        }
+        runs: list[dict[str, Any]] = []
+        total = 0
+        if asked:
+            try:
+                found = await self.api.call(
+                    "GET", "/v1/runs", params={**asked, "limit": str(SEARCH_PAGE)}
+                )
+            except Refused as refused:
+                return self.problem_page(refused.problem, session, "Find a run")
+            runs = [
+                {"status": run, "reason": reason(run) if run.get("attention") else ""}
+                for run in found.get("runs") or []
+            ]
+            total = int(found.get("total") or len(runs))
+        return self.page(
+            "find.html", session, asked=asked, searched=bool(asked), runs=runs, total=total
+        )
+
     async def run(
         self,
         request: Request,
@@ -761,11 +791,18 @@ def create_app(settings: Settings, origin: str, api_client: Api | None = None) -
             return console.problem_page(
                 Problem.local(400, Code.REQUEST_INVALID, "that is not a run id"), session, "Run"
             )
+        prefix = run_id.lower()
+        if derive.is_run_id_prefix(prefix) and not derive.is_run_id(prefix):
+            # The start of an id: the runs it may be.
+            return RedirectResponse("/find?" + urlencode({"runIdPrefix": prefix}), 303)
+        if derive.is_run_id(prefix):
+            run_id = prefix
         return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
 
     routes = [
         Route("/", signed_in(console.attention)),
         Route("/go", signed_in(go)),
+        Route("/find", signed_in(console.find)),
         Route("/doctor", signed_in(console.doctor)),
         Route("/bulk", signed_in(console.bulk), methods=["POST"]),
         Route("/bulk/result", signed_in(console.bulk_result)),

@@ -612,11 +612,47 @@ def list_runs(
         str | None,
         typer.Option("--cursor", metavar="CURSOR", help="The nextCursor of the previous page."),
     ] = None,
+    id_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--id-prefix",
+            metavar="PREFIX",
+            help="Search: the runs whose id starts with these 4 to 36 characters.",
+        ),
+    ] = None,
+    start_key: Annotated[
+        str | None,
+        typer.Option(
+            "--start-key",
+            metavar="KEY",
+            help="Search: the run this Idempotency-Key started (with --workflow).",
+        ),
+    ] = None,
+    start_sub: Annotated[
+        str | None,
+        typer.Option(
+            "--start-sub",
+            metavar="SUB",
+            help="With --start-key: the token subject of the client that sent it (default: yours).",
+        ),
+    ] = None,
+    event_source: Annotated[
+        str | None,
+        typer.Option(
+            "--event-source",
+            metavar="SOURCE",
+            help="Search, with --event-id: the run the signed event with this source started.",
+        ),
+    ] = None,
+    event_id: Annotated[
+        str | None, typer.Option("--event-id", metavar="ID", help="With --event-source.")
+    ] = None,
     url: UrlOpt = None,
     token_file: TokenOpt = None,
     output: OutputOpt = None,
 ) -> None:
-    """Runs, newest or oldest first, with filters and their total (20 a page, at most 100)."""
+    """Runs, newest or oldest first, with filters and their total (20 a page, at most 100);
+    or a search by run id prefix, start key or event."""
     client, g = _api_opts(ctx, url, token_file, output)
     params = run_filter(attention, state, workflow, step, cause, updated_before)
     params |= {
@@ -625,6 +661,11 @@ def list_runs(
             ("order", order.value if order else None),
             ("limit", limit),
             ("cursor", cursor),
+            ("runIdPrefix", id_prefix),
+            ("startKey", start_key),
+            ("startSub", start_sub),
+            ("eventSource", event_source),
+            ("eventId", event_id),
         )
         if value is not None
     }

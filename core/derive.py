@@ -110,3 +110,34 @@ def wait_match(admission_key: bytes, connection: str, result: str, identity: str
 def is_run_id(text: str) -> bool:
     """True when ``text`` has the exact form of a derived run id (for route parameters)."""
     return RUN_ID_PATTERN.fullmatch(text) is not None
+
+
+RUN_ID_PREFIX_MIN: Final = 4
+"""The shortest run id prefix a search takes (one run in 65,536 shares four hex digits)."""
+
+_RUN_ID_SHAPE: Final = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+
+
+def is_run_id_prefix(text: str) -> bool:
+    """True when ``text`` is the first 4 to 36 characters of a run id's form: lowercase hex
+    digits, with the hyphens where a run id has them."""
+    if not RUN_ID_PREFIX_MIN <= len(text) <= len(_RUN_ID_SHAPE):
+        return False
+    for char, shape in zip(text, _RUN_ID_SHAPE, strict=False):
+        if (char == "-") != (shape == "-"):
+            return False
+        if char != "-" and char not in "0123456789abcdef":
+            return False
+    return True
+
+
+def run_id_range(prefix: str) -> tuple[str, str]:
+    """``(from, below)``: every run id that starts with ``prefix`` (one that
+    :func:`is_run_id_prefix` accepts) sorts in ``[from, below)``, in byte order and in the
+    usual language collations alike. A trailing hyphen is dropped, and the last hex digit is
+    raised to the next one (``9`` to ``a``, ``f`` to ``g``), so no bound ends in punctuation,
+    which language collations skip."""
+    stem = prefix.rstrip("-")
+    last = stem[-1]
+    raised = "a" if last == "9" else chr(ord(last) + 1)
+    return stem, stem[:-1] + raised

@@ -87,6 +87,12 @@ class ListQuery:
     """Only runs with a step that needs attention for this cause."""
     updated_before: str | None = None
     """RFC 3339, as the caller wrote it."""
+    run_id_prefix: str | None = None
+    """A search: the runs whose id starts with this."""
+    start: tuple[str, str, str, str] | None = None
+    """A search: the run started by ``(iss, sub, workflow, Idempotency-Key)``."""
+    event: tuple[str, str] | None = None
+    """A search: the run started by the signed event ``(source, id)``."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +333,14 @@ class GrpcBackend:
             step=query.step or "",
             cause=query.cause or "",
             updated_before=query.updated_before or "",
+            run_id_prefix=query.run_id_prefix or "",
         )
+        if query.start is not None:
+            request.start_iss, request.start_sub, request.workflow_id, request.start_key = (
+                query.start
+            )
+        if query.event is not None:
+            request.event_source, request.event_id = query.event
         reply = await call("recovery", self._recovery().List, request, timeout=self._timeout)
         return list_document(reply)
 

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 from starlette.datastructures import Headers, QueryParams
 from starlette.requests import Request
 
+from core import derive
 from core.actions import bounded_int, exact_members, reference
 from core.canonical import unkept_place
 from core.clock import parse_offset_instant
@@ -34,6 +35,7 @@ from core.runs import (
     ATTENTION_CAUSES,
     DEFAULT_BULK_LIMIT,
     DEFAULT_LIST_LIMIT,
+    IDEMPOTENCY_KEY,
     LIST_ORDERS,
     MAX_BULK_LIMIT,
     MAX_LIST_LIMIT,
@@ -200,7 +202,25 @@ LIST_PARAMETERS: Final = (
     "order",
     "limit",
     "cursor",
+    "runIdPrefix",
+    "startKey",
+    "startSub",
+    "eventSource",
+    "eventId",
 )
+
+_SEARCH_EXCLUDES: Final = (
+    "attention",
+    "state",
+    "step",
+    "cause",
+    "updatedBefore",
+    "order",
+    "cursor",
+)
+"""The list parameters a search (by run id prefix, start key or event) does not take."""
+
+_SEARCH_TEXT: Final = re.compile(r"[^\x00-\x1f\x7f]{1,255}")
 
 
 @dataclass(frozen=True)
@@ -225,6 +245,75 @@ class ListParameters:
     """Only runs with a step that needs attention for this cause."""
     updated_before: str | None = None
     """An RFC 3339 date-time with an offset, as the caller wrote it."""
+    run_id_prefix: str | None = None
+    """A search: the runs whose id starts with this (lowercased)."""
+    start_key: str | None = None
+    """A search: the run this ``Idempotency-Key`` started in ``workflow``."""
+    start_sub: str | None = None
+    """With ``start_key``: the subject of the client that sent it; the caller when unset."""
+    event_source: str | None = None
+    """A search, with ``event_id``: the run this signed event started."""
+    event_id: str | None = None
+
+    @property
+    def searching(self) -> bool:
+        """Whether this is a search (one page by id) rather than a filtered list."""
+        return bool(self.run_id_prefix or self.start_key or self.event_source)
+
+
+def _search_text(params: QueryParams, name: str) -> str | None:
+    value = _single(params, name)
+    if value is not None and not _SEARCH_TEXT.fullmatch(value):
+        raise RequestInvalid(f"{name}: must be 1 to 255 characters without control characters")
+    return value
+
+
+def _search(params: QueryParams, workflow: str | None) -> dict[str, str | None]:
+    """The search parameters, checked: at most one kind of search, each complete, and none
+    of the filters a search does not take."""
+    prefix = _single(params, "runIdPrefix")
+    if prefix is not None:
+        prefix = prefix.lower()
+        if not derive.is_run_id_prefix(prefix):
+            raise RequestInvalid("runIdPrefix: must be the first 4 to 36 characters of a run id")
+    start_key = _single(params, "startKey")
+    if start_key is not None and not IDEMPOTENCY_KEY.fullmatch(start_key):
+        raise RequestInvalid("startKey: must be 1 to 255 visible ASCII characters")
+    start_sub = _search_text(params, "startSub")
+    if start_sub is not None and start_key is None:
+        raise RequestInvalid("startSub: only with startKey")
+    if start_key is not None and workflow is None:
+        raise RequestInvalid("workflow: a search by startKey needs the workflow it started")
+    event_source = _search_text(params, "eventSource")
+    event_id = _search_text(params, "eventId")
+    if (event_source is None) != (event_id is None):
+        raise RequestInvalid(
+            "eventId: needed with eventSource"
+            if event_id is None
+            else "eventSource: needed with eventId"
+        )
+    kinds = [
+        name
+        for name, value in (
+            ("runIdPrefix", prefix),
+            ("startKey", start_key),
+            ("eventSource", event_source),
+        )
+        if value is not None
+    ]
+    if len(kinds) > 1:
+        raise RequestInvalid(f"{kinds[1]}: one search at a time, not with {kinds[0]}")
+    if kinds:
+        for name in _SEARCH_EXCLUDES:
+            if name in params:
+                raise RequestInvalid(f"{name}: not with {kinds[0]}, which searches alone")
+    return {
+        "run_id_prefix": prefix,
+        "start_key": start_key,
+        "start_sub": start_sub,
+        "event_source": event_source,
+        "event_id": event_id,
+    }
 
 
 def _attention(value: object, where: str) -> bool:
@@ -302,7 +391,16 @@ def list_parameters(params: QueryParams) -> ListParameters:
     if updated_before is not None:
         _instant(updated_before, "updatedBefore")
     return ListParameters(
-        attention, state, workflow, limit, cursor, order, step, cause, updated_before
+        attention,
+        state,
+        workflow,
+        limit,
+        cursor,
+        order,
+        step,
+        cause,
+        updated_before,
+        **_search(params, workflow),
     )
 
 

@@ -215,6 +215,17 @@ async def list_runs(request: Request) -> Response:
                 step=params.step,
                 cause=params.cause,
                 updated_before=params.updated_before,
+                run_id_prefix=params.run_id_prefix,
+                start=(
+                    (token.iss, params.start_sub or token.sub, params.workflow, params.start_key)
+                    if params.start_key is not None and params.workflow is not None
+                    else None
+                ),
+                event=(
+                    (params.event_source, params.event_id)
+                    if params.event_source is not None and params.event_id is not None
+                    else None
+                ),
             )
         )
     return _json(document)

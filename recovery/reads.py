@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import asyncpg
 
-from core import clock
+from core import clock, derive
 from core.bindings import run_conflicts
 from core.clock import parse_offset_instant, timestamp
 from core.codes import Code
@@ -176,6 +176,9 @@ class ListFilter:
     cause: str | None = None
     """Only runs with a step that needs attention for this cause."""
     updated_before: datetime | None = None
+    id_prefix: str | None = None
+    """A search: only runs whose id starts with this, by id, in one page; the filters
+    above are then unset."""
 
     @property
     def needs_attention(self) -> bool:
@@ -198,8 +201,32 @@ class ListFilter:
         step: str = "",
         cause: str = "",
         updated_before: str = "",
+        run_id_prefix: str = "",
     ) -> ListFilter:
         """Check the query parameters; a bad one is ``request.invalid`` naming it."""
+        if run_id_prefix:
+            if not derive.is_run_id_prefix(run_id_prefix):
+                raise CoordinatorError(
+                    Code.REQUEST_INVALID,
+                    "runIdPrefix: must be 4 to 36 characters of a run id, lowercase",
+                )
+            given = [
+                name
+                for name, value in (
+                    ("attention", attention),
+                    ("state", state),
+                    ("cursor", cursor),
+                    ("order", order if order == OLDEST else ""),
+                    ("step", step),
+                    ("cause", cause),
+                    ("updatedBefore", updated_before),
+                )
+                if value
+            ]
+            if given:
+                raise CoordinatorError(
+                    Code.REQUEST_INVALID, f"{given[0]}: a search by run id takes no other filter"
+                )
         if attention not in ("", "true", "false"):
             raise CoordinatorError(Code.REQUEST_INVALID, "attention: must be true or false")
         if state and state not in RUN_STATES:
@@ -246,6 +273,7 @@ class ListFilter:
             step=step or None,
             cause=cause or None,
             updated_before=before,
+            id_prefix=run_id_prefix or None,
         )
 
 
@@ -255,6 +283,20 @@ async def _page(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) -> 
     after = wanted.cursor
     after_at = after.at if after else None
     after_run_id = after.run_id if after else None
+    if wanted.id_prefix is not None:
+        id_from, id_below = derive.run_id_range(wanted.id_prefix)
+        return list(
+            await q.recovery_run_list_by_id(
+                conn,
+                workflow_ids=list(wanted.workflows),
+                principal_iss=iss,
+                principal_sub=sub,
+                id_from=id_from,
+                id_below=id_below,
+                id_prefix=wanted.id_prefix,
+                limit=wanted.limit,
+            )
+        )
     if wanted.needs_attention:
         attention_list = (
             q.recovery_run_list_attention_oldest
@@ -297,7 +339,19 @@ async def _total(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) ->
     """How many runs match over all pages: ``(count, False)`` up to
     :data:`COUNTED_EXACTLY`, ``(estimate, True)`` past it."""
     iss, sub = wanted.principal if wanted.principal is not None else (None, None)
-    if wanted.needs_attention:
+    if wanted.id_prefix is not None:
+        id_from, id_below = derive.run_id_range(wanted.id_prefix)
+        counted = await q.recovery_run_count_by_id(
+            conn,
+            workflow_ids=list(wanted.workflows),
+            principal_iss=iss,
+            principal_sub=sub,
+            id_from=id_from,
+            id_below=id_below,
+            id_prefix=wanted.id_prefix,
+            counted_up_to=COUNTED_EXACTLY + 1,
+        )
+    elif wanted.needs_attention:
         counted = await q.recovery_run_count_attention(
             conn,
             workflow_ids=list(wanted.workflows),
@@ -333,6 +387,10 @@ def _estimate(estimates: RecoveryRunEstimatesRow | None, wanted: ListFilter) -> 
     step, cause, updatedBefore) are not in the statistics: it can only be larger."""
     if estimates is None:
         return 0
+    if wanted.id_prefix is not None:
+        # Run ids are uniform: a prefix of n hex digits is shared by one run in 16**n.
+        digits = sum(1 for char in wanted.id_prefix if char != "-")
+        return round(float(estimates.rows) / math.pow(16.0, digits))
     if wanted.needs_attention:
         return round(estimates.attention_rows)
     if wanted.state is not None and estimates.states is not None:

@@ -18,7 +18,7 @@ from typing import Final
 
 import grpc
 
-from core import logs
+from core import derive, logs
 from core.actions import members_of
 from core.bindings import verify_live_bindings
 from core.codes import Code
@@ -128,8 +128,36 @@ class RecoveryService(pb_grpc.RecoveryServicer):
             step=request.step,
             cause=request.cause,
             updated_before=request.updated_before,
+            run_id_prefix=self._searched_id(request),
         )
         return list_message(await reads.list_runs(self.store, wanted))
+
+    def _searched_id(self, request: pb.ListRequest) -> str:
+        """The run id (or prefix) a list request searches for: the run a start identity
+        names is found by deriving its id, as admission did (CONTRACT §7.3)."""
+        if request.start_key:
+            if not request.workflow_id or not request.start_iss or not request.start_sub:
+                raise CoordinatorError(
+                    Code.REQUEST_INVALID, "startKey: needs the workflow and the client"
+                )
+            identity = derive.api_start_identity(
+                self._actions_env().admission_key,
+                request.start_iss,
+                request.start_sub,
+                request.workflow_id,
+                request.start_key,
+            )
+        elif request.event_source or request.event_id:
+            if not request.event_source or not request.event_id:
+                raise CoordinatorError(
+                    Code.REQUEST_INVALID, "eventSource, eventId: a search by event takes both"
+                )
+            identity = derive.event_start_identity(
+                self._actions_env().admission_key, request.event_source, request.event_id
+            )
+        else:
+            return request.run_id_prefix
+        return derive.run_id(self._actions_env().admission_key, identity)
 
     @refusals
     async def Doctor(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DoctorReport:

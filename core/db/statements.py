@@ -572,6 +572,35 @@ class RecoveryRunListAttentionOldestRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveryRunListByIdRow:
+    """A row of ``recovery_run_list_by_id``."""
+
+    id: str
+    workflow_id: str
+    workflow_version: str
+    package_digest: str
+    principal_iss: str
+    principal_sub: str
+    state: str
+    outcome: str | None
+    attention: bool
+    cancelling: bool
+    failure_kind: str | None
+    failure_path: str | None
+    failure_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attention_since: datetime | None
+    attention_step: str | None
+    """The first step that needs attention."""
+    attention_cause: str | None
+    """That step's cause, when it has one."""
+    attention_cause_status: int | None
+    """With status-5xx, the product's status."""
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryRunListOldestRow:
     """A row of ``recovery_run_list_oldest``."""
 
@@ -1846,6 +1875,35 @@ class Statements(Queries):
         )
         return result
 
+    async def recovery_run_count_by_id(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        principal_iss: str | None,
+        principal_sub: str | None,
+        id_from: str,
+        id_below: str,
+        id_prefix: str,
+        counted_up_to: int,
+    ) -> int:
+        """How many runs recovery_run_list_by_id would show without its limit, counted up to
+        counted_up_to and no further. ``workflow_ids``: the workflows the caller may see.
+        ``principal_iss``: null for every principal. ``principal_sub``: null for every
+        principal.
+        """
+        result: int = await conn.fetchval(
+            self["recovery_run_count_by_id"],
+            workflow_ids,
+            principal_iss,
+            principal_sub,
+            id_from,
+            id_below,
+            id_prefix,
+            counted_up_to,
+        )
+        return result
+
     async def recovery_run_estimates(
         self,
         conn: Connection,
@@ -1979,6 +2037,37 @@ class Statements(Queries):
             limit,
         )
         return [RecoveryRunListAttentionOldestRow(*record) for record in records]
+
+    async def recovery_run_list_by_id(
+        self,
+        conn: Connection,
+        *,
+        workflow_ids: Sequence[str],
+        principal_iss: str | None,
+        principal_sub: str | None,
+        id_from: str,
+        id_below: str,
+        id_prefix: str,
+        limit: int,
+    ) -> list[RecoveryRunListByIdRow]:
+        """The runs whose id lies in [id_from, id_below) and starts with id_prefix, by id, as
+        recovery_run_list shapes them: a search by run id prefix (or, with the whole id, the
+        one run a start identity names). The range walks the primary key; starts_with keeps
+        the answer exact under any collation the range might compare in. ``workflow_ids``: the
+        workflows the caller may see. ``principal_iss``: null for every principal.
+        ``principal_sub``: null for every principal. ``limit``: how many.
+        """
+        records: list[Record] = await conn.fetch(
+            self["recovery_run_list_by_id"],
+            workflow_ids,
+            principal_iss,
+            principal_sub,
+            id_from,
+            id_below,
+            id_prefix,
+            limit,
+        )
+        return [RecoveryRunListByIdRow(*record) for record in records]
 
     async def recovery_run_list_oldest(
         self,

@@ -459,6 +459,12 @@ class ListRequest(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     CAUSE_FIELD_NUMBER: _builtins.int
     UPDATED_BEFORE_FIELD_NUMBER: _builtins.int
+    RUN_ID_PREFIX_FIELD_NUMBER: _builtins.int
+    START_KEY_FIELD_NUMBER: _builtins.int
+    START_ISS_FIELD_NUMBER: _builtins.int
+    START_SUB_FIELD_NUMBER: _builtins.int
+    EVENT_SOURCE_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
     attention: _builtins.str
     """"", "true" or "false" """
     state: _builtins.str
@@ -476,6 +482,17 @@ class ListRequest(_message.Message):
     cause: _builtins.str
     updated_before: _builtins.str
     """"" for any; RFC 3339"""
+    run_id_prefix: _builtins.str
+    """A search instead of the filters above (they are then empty; the list is ordered by id,
+    in one page): the runs whose id starts with this, or the one run a start identity
+    names. A start identity is a client's Idempotency-Key with the principal that sent it
+    (start_key, start_iss, start_sub, and workflow_id), or an event (event_source, event_id).
+    """
+    start_key: _builtins.str
+    start_iss: _builtins.str
+    start_sub: _builtins.str
+    event_source: _builtins.str
+    event_id: _builtins.str
     @_builtins.property
     def workflows(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The workflows the caller's policy covers; the list never shows others."""
@@ -496,10 +513,16 @@ class ListRequest(_message.Message):
         step: _builtins.str = ...,
         cause: _builtins.str = ...,
         updated_before: _builtins.str = ...,
+        run_id_prefix: _builtins.str = ...,
+        start_key: _builtins.str = ...,
+        start_iss: _builtins.str = ...,
+        start_sub: _builtins.str = ...,
+        event_source: _builtins.str = ...,
+        event_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "cause", b"cause", "cursor", b"cursor", "limit", b"limit", "only_principal", b"only_principal", "order", b"order", "principal_iss", b"principal_iss", "principal_sub", b"principal_sub", "state", b"state", "step", b"step", "updated_before", b"updated_before", "workflow_id", b"workflow_id", "workflows", b"workflows"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attention", b"attention", "cause", b"cause", "cursor", b"cursor", "event_id", b"event_id", "event_source", b"event_source", "limit", b"limit", "only_principal", b"only_principal", "order", b"order", "principal_iss", b"principal_iss", "principal_sub", b"principal_sub", "run_id_prefix", b"run_id_prefix", "start_iss", b"start_iss", "start_key", b"start_key", "start_sub", b"start_sub", "state", b"state", "step", b"step", "updated_before", b"updated_before", "workflow_id", b"workflow_id", "workflows", b"workflows"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,9 +7,10 @@ a preview (a dry run) shows how many runs and which ones, and confirming resends
 command once under its original key. The stand-in's ledger is the witness that nothing was
 processed twice. Last, a call that Messaging keeps answering 503 shows why and when it
 will be tried again, and asks for an operator once the retries have lasted ten minutes.
-Screenshots of the list, the bulk form, its preview and result, and the retried call land
-in the artifacts folder. The page's time at 1,000 held runs is printed (`-s`) for the issue note;
-the figure to hold belongs to the bench, not to this test.
+Screenshots of the list, a search by the start of a run id, the bulk form, its preview and
+result, and the retried call land in the artifacts folder. The page's time at 1,000 held
+runs is printed (`-s`) for the issue note; the figure to hold belongs to the bench, not to
+this test.
 """
 
 from __future__ import annotations
@@ -96,6 +97,17 @@ def test_the_attention_list_at_a_thousand_held_runs(
     assert _shown(page) == expected[2 * PAGE_ROWS : 3 * PAGE_ROWS]
     page.get_by_role("link", name="Previous page").click()
     assert _shown(page) == expected[PAGE_ROWS : 2 * PAGE_ROWS]
+
+    # The start of one held run's id, typed in the header, finds it among the thousand.
+    wanted = expected[PAGE_ROWS + 7][:8]
+    page.get_by_label("Run id or its start").fill(wanted.upper())
+    page.get_by_role("button", name="Open").click()
+    matching = sorted(run_id for run_id in held if run_id.startswith(wanted))
+    expect(page.locator("caption")).to_contain_text(
+        f"{len(matching)} run{'s' if len(matching) != 1 else ''} match"
+    )
+    assert _shown(page) == matching
+    page.screenshot(path=str(artifacts_dir / "find-by-prefix.png"), full_page=True)
 
     # How long the first page takes, as the operator waits for it (the figure for the note).
     timings = []

@@ -12,6 +12,9 @@ retention cut-off, an expired receipt) come last, for the same reason.
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -58,6 +61,43 @@ def _one_record(stack: RecoveryStack, action: str, run_id: str) -> dict[str, obj
     records = stack.audited(action, run_id)
     assert len(records) == 1, records
     return records[0]
+
+
+# ------------------------------------------------------------------------------ searches
+
+
+def _subject_of(token: str) -> str:
+    """The ``sub`` claim of a JWT (read, not verified: the test's own token)."""
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return str(claims["sub"])
+
+
+def test_an_operator_finds_a_run_by_its_start_key_or_the_start_of_its_id(
+    stack: RecoveryStack,
+) -> None:
+    key = f"order-{uuid.uuid4().hex[:8]}"
+    answer = stack.post_start("person-search", key=key)
+    assert answer.status_code == 201, answer.text
+    run_id = answer.json()["runId"]
+    client = _subject_of(stack.producer_token)
+
+    def found(*args: str) -> list[str]:
+        document = stack.ctl("list", *args, "--output", "json").document
+        assert document["nextCursor"] is None
+        assert document["total"] == len(document["runs"])
+        return [run["runId"] for run in document["runs"]]
+
+    by_key = ("--workflow", NOTICE, "--start-key", key)
+    assert found(*by_key, "--start-sub", client) == [run_id]
+    # Without --start-sub the key is the caller's own: the operator did not start the run.
+    # Nor did the key start a run of another workflow.
+    assert found(*by_key) == []
+    assert found("--workflow", REVIEW, "--start-key", key, "--start-sub", client) == []
+    assert run_id in found("--id-prefix", run_id[:6].upper())
+    assert found("--id-prefix", run_id) == [run_id]
+    refused = stack.ctl("list", "--id-prefix", run_id[:8], "--state", "held")
+    assert refused.code == "request.invalid" and "state:" in refused.stderr
 
 
 # ------------------------------------------------------------------------------ reconcile

@@ -430,8 +430,14 @@ LIST_FILTERS: dict[str, dict[str, Any]] = {
         "state": "held",
         "updated_before": "2027-03-01T07:00:00Z",
     },
+    "a run id prefix": {"run_id_prefix": "8e5d"},
+    "a whole run id, a principal's": {
+        "run_id_prefix": "8e5d07f1-3c2a-8b4e-9d6f-0a1b2c3d4e5f",
+        "principal": ("https://issuer.example.org", "scale"),
+    },
 }
-"""Each filter of ``GET /v1/runs`` (CONTRACT §8.2) alone, and a few together."""
+"""Each filter of ``GET /v1/runs`` (CONTRACT §8.2) alone, and a few together, and the
+searches by run id (a start key's search is one by the whole id it derives)."""
 
 
 async def listed_plans(conn: asyncpg.Connection, namespace: str, wanted: Any) -> list[Any]:

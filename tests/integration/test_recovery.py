@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from admission.start import Admitter
+from core import derive
 from core.errors import CoordinatorError
 from core.runs import RUN_STATES, StartResult
 from devstack.postgres import DatabaseHandle
@@ -366,6 +367,72 @@ async def test_a_total_past_the_exact_count_is_the_statistics_estimate(
 )
 async def test_lists_refuse_bad_parameters(env: Served, params: dict[str, Any]) -> None:
     await refused("request.invalid", listing(env, **params))
+
+
+async def test_a_search_by_run_id_prefix_finds_exactly_the_runs_that_share_it(
+    env: Served,
+) -> None:
+    started = [await start(env, f"k-{n}") for n in range(40)]
+    bobs = await start(env, "k-bob", caller=BOB)
+    ids = sorted([run.run_id for run in started] + [bobs.run_id])
+    # Forty ids share few four-digit prefixes: search with one that a few of them share
+    # when there is one, and check the answer against the ids themselves.
+    shared = max({i[:2] for i in ids}, key=lambda p: sum(i.startswith(p) for i in ids))
+    one = bobs.run_id
+    for prefix in (shared + "00", shared + "ff", one[:4], one[:8], one[:9], one[:10], one):
+        if len(prefix) < 4:
+            continue
+        found = await listing(env, run_id_prefix=prefix, limit=100)
+        expected = [i for i in ids if i.startswith(prefix)]
+        assert _ids(found) == expected, prefix
+        assert (found["total"], found["totalIsEstimate"], found["nextCursor"]) == (
+            len(expected),
+            False,
+            None,
+        )
+    # The page is cut at the limit; the total still counts every match.
+    two_digit = [i for i in ids if i.startswith(shared)]
+    for prefix in {i[:4] for i in two_digit}:
+        found = await listing(env, run_id_prefix=prefix, limit=1)
+        assert _ids(found) == [i for i in ids if i.startswith(prefix)][:1]
+        assert found["total"] == sum(i.startswith(prefix) for i in ids)
+    # The caller's scope still applies: a principal's own runs, the policy's workflows.
+    assert _ids(await listing(env, run_id_prefix=one[:8], principal=(ALICE.iss, ALICE.sub))) == [
+        i for i in ids if i.startswith(one[:8]) and i != one
+    ]
+    assert _ids(await listing(env, run_id_prefix=one, workflows=(OTHER,))) == []
+    # Bad prefixes, and a prefix with a filter it does not take, are refused by name.
+    for prefix in ("abc", one.upper()[:8], one[:8] + "x", "abcd-", one + "0"):
+        caught = await refused("request.invalid", listing(env, run_id_prefix=prefix))
+        assert caught.detail.startswith("runIdPrefix:"), caught
+    caught = await refused("request.invalid", listing(env, run_id_prefix=one, state="held"))
+    assert caught.detail.startswith("state:"), caught
+    caught = await refused("request.invalid", listing(env, run_id_prefix=one, order="oldest"))
+    assert caught.detail.startswith("order:"), caught
+
+
+@pytest.mark.parametrize("collation", ["C", "und-x-icu", "en-US-x-icu", "fr-FR-x-icu"])
+async def test_a_prefix_range_keeps_its_runs_in_a_language_collation(
+    env: Served, collation: str
+) -> None:
+    # A database created with a language locale compares run ids in that collation; the
+    # range must still hold exactly the ids that start with the prefix.
+    key = bytes(32)
+    ids = sorted(
+        derive.run_id(key, derive.event_start_identity(key, "s", str(n))) for n in range(600)
+    )
+    for which in range(0, 600, 75):
+        for length in (4, 8, 9, 10, 13, 14, 19, 24, 36):
+            prefix = ids[which][:length]
+            low, below = derive.run_id_range(prefix)
+            rows = await env.owner_fetch(
+                f'SELECT id FROM unnest($1::text[]) AS id WHERE id >= $2 COLLATE "{collation}"'
+                f' AND id < $3 COLLATE "{collation}" ORDER BY id COLLATE "C"',
+                ids,
+                low,
+                below,
+            )
+            assert [r["id"] for r in rows] == sorted(i for i in ids if i.startswith(prefix)), prefix
 
 
 async def test_the_default_page_is_twenty(env: Served) -> None:

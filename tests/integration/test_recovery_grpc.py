@@ -5,9 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from admission.events import EventCaller
+from admission.start import Admitter
+from core import derive
+from core.callers import EVENT_ISSUER
 from core.documents import (
     doctor_document,
     inspection_document,
@@ -28,6 +33,7 @@ pytestmark = pytest.mark.postgres
 
 ALICE = Caller()
 WORKFLOW = "approval-notice"
+INTAKE_SOURCE = "https://intake.example.org/applications"
 
 
 @contextlib.asynccontextmanager
@@ -128,3 +134,48 @@ async def test_actions_cross_the_wire_with_answers_and_refusals(env: Served) -> 
     assert doctor["state"]["auditReady"] is False
     assert (health.store_ready, health.activation_ready, list(health.reasons)) == (True, True, [])
     assert "coordinator_store_available 1.0" in metrics.text.splitlines()
+
+
+async def test_a_run_is_found_by_the_start_that_made_it(env: Served) -> None:
+    store = env.store("admission")
+    _, by_key = await admit(store, env.runtime, ALICE, WORKFLOW, "order-77", {"subjectRef": "S"})
+    await admit(store, env.runtime, ALICE, WORKFLOW, "order-78", {"subjectRef": "S"})
+    # A signed event's start, as EventAdmitter.start admits it once the source is verified
+    # (this deployment configures no event source for it to look up).
+    key = env.runtime.resolver.read_key(env.runtime.config.deployment.admission_key_ref)
+    by_event = (
+        await Admitter.from_runtime(env.runtime, store).start_identified(
+            EventCaller(iss=EVENT_ISSUER, sub=INTAKE_SOURCE),
+            WORKFLOW,
+            derive.event_start_identity(key, INTAKE_SOURCE, "evt-9"),
+            {"subjectRef": "S"},
+        )
+    ).run_id
+
+    async def search(**fields: Any) -> list[str]:
+        request = pb.ListRequest(workflows=[WORKFLOW], **fields)
+        found = list_document(await call("recovery", stub.List, request))
+        return [run["runId"] for run in found["runs"]]
+
+    start = {"start_iss": ALICE.iss, "start_sub": ALICE.sub, "workflow_id": WORKFLOW}
+    async with running(env, None) as stub:
+        assert await search(start_key="order-77", **start) == [by_key]
+        # Another client's key, another workflow's or an unknown key name no run.
+        assert await search(start_key="order-77", **{**start, "start_sub": "bob"}) == []
+        assert await search(start_key="order-79", **start) == []
+        assert await search(event_source=INTAKE_SOURCE, event_id="evt-9") == [by_event]
+        assert await search(event_source=INTAKE_SOURCE, event_id="evt-10") == []
+        # A non-operator's scope still holds: the event's run is not Alice's.
+        mine = {"only_principal": True, "principal_iss": ALICE.iss, "principal_sub": ALICE.sub}
+        assert await search(event_source=INTAKE_SOURCE, event_id="evt-9", **mine) == []
+        assert await search(start_key="order-77", **start, **mine) == [by_key]
+        incomplete = []
+        for fields in (
+            {"start_key": "order-77", "start_iss": ALICE.iss, "start_sub": ALICE.sub},
+            {"event_source": INTAKE_SOURCE},
+            {"event_id": "evt-9"},
+        ):
+            with pytest.raises(CoordinatorError) as caught:
+                await search(**fields)
+            incomplete.append(caught.value.code)
+    assert incomplete == ["request.invalid"] * 3

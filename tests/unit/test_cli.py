@@ -503,6 +503,25 @@ def test_list_by_state_takes_a_run_state_and_refuses_anything_else_before_asking
     assert len(ctl.recorder.requests) == asked
 
 
+def test_list_searches_pass_their_parameters_as_the_api_names_them(ctl: Ctl) -> None:
+    ctl.recorder.answer = (200, "application/json", {"runs": [], "nextCursor": None})
+    searches = [
+        (["--id-prefix", "8e5d07f1"], "runIdPrefix=8e5d07f1"),
+        (
+            ["--workflow", "approval-notice", "--start-key", "order 77", "--start-sub", "portal"],
+            "workflow=approval-notice&startKey=order+77&startSub=portal",
+        ),
+        (
+            ["--event-source", "urn:example:bookings", "--event-id", "evt-9"],
+            "eventSource=urn%3Aexample%3Abookings&eventId=evt-9",
+        ),
+    ]
+    for args, query in searches:
+        code, _, err = ctl("list", *args, "--output", "json")
+        assert code == 0, err
+        assert ctl.recorder.requests[-1]["path"] == f"/v1/runs?{query}"
+
+
 # -- environment defaults ------------------------------------------------------------------
 
 

@@ -154,6 +154,8 @@ class FakeApi:
         path = request.url.path
         if path == "/v1/runs":
             self.listed.append(dict(request.url.params))
+            if self.refuse_with is not None and "startKey" in request.url.params:
+                return self.refuse_with
             runs = [_entry(r) for r in (HELD, WAITING)]  # the longest waiting first
             cursor = request.url.params.get("cursor")
             # The first page holds HELD; the next one WAITING.
@@ -371,6 +373,43 @@ async def test_the_attention_filters_go_to_the_api_and_stay_in_the_page_links(
     assert 'href="/?step=send-approval&amp;cause=status-5xx&amp;cursor=c-2&amp;trail=-"' in page
     assert '<option value="status-5xx" selected>' in page
     assert 'value="send-approval"' in page
+
+
+async def test_the_header_search_opens_a_whole_id_and_finds_the_runs_a_start_of_one_names(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    whole = "8E5D07F1-3C2A-8B4E-9D6F-0A1B2C3D4E5F"
+    opened = await client.get("/go", params={"run": whole})
+    assert (opened.status_code, opened.headers["location"]) == (303, f"/runs/{whole.lower()}")
+    started = await client.get("/go", params={"run": "8E5D07F1-3"})
+    assert started.headers["location"] == "/find?runIdPrefix=8e5d07f1-3"
+    asked = len(fake.listed)
+    empty = (await client.get("/find")).text
+    # The bare page asks nothing: it is the three forms.
+    assert len(fake.listed) == asked and "No run matches" not in empty
+    assert 'name="startKey"' in empty and 'name="eventId"' in empty
+    page = (await client.get(started.headers["location"])).text
+    assert fake.listed[-1] == {"runIdPrefix": "8e5d07f1-3", "limit": "100"}
+    assert "2 runs match: the first 1 by id shown" in page
+    assert f'href="/runs/{HELD}"' in page and 'value="8e5d07f1-3"' in page
+    await client.get(
+        "/find", params={"workflow": "approval-notice", "startKey": "order 77", "startSub": ""}
+    )
+    assert fake.listed[-1] == {
+        "workflow": "approval-notice",
+        "startKey": "order 77",
+        "limit": "100",
+    }
+
+
+async def test_a_refused_search_shows_the_problem(
+    client: httpx.AsyncClient, settings: web.Settings, fake: FakeApi
+) -> None:
+    await _open(client, settings)
+    fake.refuse_with = _problem(400, "request.invalid", "startKey: needs the workflow")
+    page = await client.get("/find", params={"startKey": "order-77"})
+    assert page.status_code == 400 and "startKey: needs the workflow" in page.text
 
 
 async def test_reconcile_is_offered_only_where_the_product_keeps_receipts(

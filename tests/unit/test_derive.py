@@ -16,7 +16,9 @@ from core.derive import (
     encode_fields,
     event_start_identity,
     is_run_id,
+    is_run_id_prefix,
     run_id,
+    run_id_range,
 )
 
 KEY = bytes(range(32))
@@ -168,3 +170,25 @@ def test_run_ids_are_canonical_uuid_text(text: str) -> None:
     derived = run_id(KEY, event_start_identity(KEY, "source", text))
     assert is_run_id(derived)
     assert str(uuid.UUID(derived)) == derived
+
+
+RUN_IDS = sorted(run_id(KEY, event_start_identity(KEY, "source", str(n))) for n in range(2000))
+
+
+@given(which=st.integers(0, len(RUN_IDS) - 1), length=st.integers(4, 36))
+def test_a_prefix_range_holds_exactly_the_ids_that_start_with_it(which: int, length: int) -> None:
+    prefix = RUN_IDS[which][:length]
+    assert is_run_id_prefix(prefix)
+    low, below = run_id_range(prefix)
+    in_range = [i for i in RUN_IDS if low <= i < below]
+    assert in_range == [i for i in RUN_IDS if i.startswith(prefix)]
+    # No bound ends in a character that language collations skip (a hyphen) or place
+    # elsewhere (a colon, the byte after 9).
+    assert low[-1] in "0123456789abcdef" and below[-1] in "0123456789abcdefg"
+
+
+@pytest.mark.parametrize(
+    "text", ["abc", "ABCD", "abcg", "abcd-", "abcd1234e", "abcd1234-ef0-", "x" * 37, ""]
+)
+def test_a_run_id_prefix_is_the_start_of_a_run_ids_form(text: str) -> None:
+    assert not is_run_id_prefix(text)

@@ -471,6 +471,21 @@ async def test_list_scopes_non_operators_to_their_own_runs(
         "cause=bad-luck",
         "updatedBefore=yesterday",
         "updatedBefore=2026-12-04T09:30:00",
+        "runIdPrefix=abc",
+        "runIdPrefix=wxyz",
+        "runIdPrefix=abcd-",
+        "runIdPrefix=abcd&state=held",
+        "runIdPrefix=abcd&order=newest",
+        "runIdPrefix=abcd&cursor=abc",
+        "runIdPrefix=abcd&runIdPrefix=abce",
+        "startKey=order-1",
+        "startKey=has%20space&workflow=approval-notice",
+        "startSub=alice&workflow=approval-notice",
+        "startKey=k&workflow=approval-notice&runIdPrefix=abcd",
+        "startKey=k&workflow=approval-notice&attention=true",
+        "eventSource=urn:x",
+        "eventId=e-1",
+        "eventSource=urn:x&eventId=%01",
     ],
 )
 async def test_list_refuses_bad_parameters(
@@ -482,6 +497,39 @@ async def test_list_refuses_bad_parameters(
     assert backend.audits[-1] == AuditRecord(
         "list", "invalid", (ISSUER, "alice"), "intake-portal", None, None
     )
+
+
+async def test_list_searches_by_run_id_prefix_start_key_or_event(
+    client: httpx.AsyncClient, backend: FakeBackend
+) -> None:
+    searches: list[tuple[dict[str, str], dict[str, str], dict[str, Any]]] = [
+        ({"runIdPrefix": "ABCD1234-E"}, ALICE, {"run_id_prefix": "abcd1234-e"}),
+        (
+            {"startKey": "order-77", "workflow": WORKFLOW},
+            ALICE,
+            {"start": (ISSUER, "alice", WORKFLOW, "order-77")},
+        ),
+        (
+            {"startKey": "order-77", "workflow": WORKFLOW, "startSub": "intake-portal"},
+            CASE_OPERATOR,
+            {"start": (ISSUER, "intake-portal", WORKFLOW, "order-77")},
+        ),
+        (
+            {"eventSource": "urn:example:bookings", "eventId": "evt 9"},
+            CASE_OPERATOR,
+            {"event": ("urn:example:bookings", "evt 9")},
+        ),
+    ]
+    for params, caller, wanted in searches:
+        response = await client.get("/v1/runs", params=params, headers=caller)
+        assert response.status_code == 200, response.text
+        principal = (ISSUER, "alice") if caller is ALICE else None
+        listed = [entry for entry in backend.log if entry[0] == "list"]
+        assert listed[-1] == (
+            "list",
+            ListQuery((WORKFLOW,), principal, None, None, 20, None, **wanted),
+        )
+    assert len([entry for entry in backend.log if entry[0] == "list"]) == len(searches)
 
 
 async def test_list_of_an_unlisted_workflow_is_403(client: httpx.AsyncClient) -> None:

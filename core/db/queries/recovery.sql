@@ -337,6 +337,82 @@ SELECT count(*)
             AND ($7::text IS NULL OR s.cause = $7::text)))
          LIMIT $8) x;
 
+-- name: recovery_run_list_by_id
+-- The runs whose id lies in [id_from, id_below) and starts with id_prefix, by id, as
+-- recovery_run_list shapes them: a search by run id prefix (or, with the whole id, the one
+-- run a start identity names). The range walks the primary key; starts_with keeps the
+-- answer exact under any collation the range might compare in.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 principal_iss (text, null): null for every principal
+-- $3 principal_sub (text, null): null for every principal
+-- $4 id_from (text)
+-- $5 id_below (text)
+-- $6 id_prefix (text)
+-- $7 limit (integer): how many
+-- returns: rows
+-- column id (text)
+-- column workflow_id (text)
+-- column workflow_version (text)
+-- column package_digest (text)
+-- column principal_iss (text)
+-- column principal_sub (text)
+-- column state (text)
+-- column outcome (text, null)
+-- column attention (boolean)
+-- column cancelling (boolean)
+-- column failure_kind (text, null)
+-- column failure_path (text, null)
+-- column failure_step (text, null)
+-- column created_at (timestamptz)
+-- column updated_at (timestamptz)
+-- column ended_at (timestamptz, null)
+-- column attention_since (timestamptz, null)
+-- column attention_step (text, null): the first step that needs attention
+-- column attention_cause (text, null): that step's cause, when it has one
+-- column attention_cause_status (integer, null): with status-5xx, the product's status
+SELECT r.id, r.workflow_id, p.version AS workflow_version, r.package_digest,
+       r.principal_iss, r.principal_sub, r.state, r.outcome, r.attention, r.cancelling,
+       r.failure_kind, r.failure_path, r.failure_step,
+       r.created_at, r.updated_at, r.ended_at,
+       r.attention_since, a.step_id AS attention_step, a.cause AS attention_cause,
+       a.cause_status AS attention_cause_status
+  FROM (SELECT r.*
+          FROM {{ns}}.run r
+          WHERE r.id >= $4::text AND r.id < $5::text AND starts_with(r.id, $6::text)
+            AND r.workflow_id = ANY ($1::text[])
+            AND ($2::text IS NULL OR (r.principal_iss = $2::text AND r.principal_sub = $3::text))
+         ORDER BY r.id
+         LIMIT $7) r
+  JOIN {{ns}}.package p ON p.digest = r.package_digest
+  LEFT JOIN LATERAL (
+        SELECT s.step_id, s.cause, s.cause_status
+          FROM {{ns}}.step s
+         WHERE r.attention AND s.run_id = r.id
+           AND {{ns}}.step_wants_attention(s.state, s.cause)
+         ORDER BY s.seq
+         LIMIT 1) a ON true
+ ORDER BY r.id;
+
+-- name: recovery_run_count_by_id
+-- How many runs recovery_run_list_by_id would show without its limit, counted up to
+-- counted_up_to and no further.
+-- $1 workflow_ids (text[]): the workflows the caller may see
+-- $2 principal_iss (text, null): null for every principal
+-- $3 principal_sub (text, null): null for every principal
+-- $4 id_from (text)
+-- $5 id_below (text)
+-- $6 id_prefix (text)
+-- $7 counted_up_to (integer)
+-- returns: value (bigint)
+SELECT count(*)
+  FROM (SELECT 1
+          FROM {{ns}}.run r
+         WHERE r.id >= $4::text AND r.id < $5::text AND starts_with(r.id, $6::text)
+           AND r.workflow_id = ANY ($1::text[])
+           AND ($2::text IS NULL OR (r.principal_iss = $2::text AND r.principal_sub = $3::text))
+         ORDER BY r.id
+         LIMIT $7) x;
+
 -- name: recovery_run_estimates
 -- PostgreSQL's own estimates, from the statistics ANALYZE (or autovacuum) last gathered:
 -- the run table's rows, the rows of run_attention (the runs that need attention), and the
