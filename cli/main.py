@@ -211,6 +211,71 @@ def workflow_simulate(
         raise typer.Exit(1)
 
 
+@workflow_app.command("test")
+def workflow_test(
+    ctx: typer.Context,
+    source: SourceArg,
+    scripts: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="[SCRIPT]...",
+            help="Scripts to run instead of every DIR/simulations/*.yaml.",
+            show_default=False,
+        ),
+    ] = None,
+    coverage_svg: Annotated[
+        Path | None,
+        typer.Option(
+            "--coverage-svg",
+            metavar="FILE",
+            help="Draw the workflow here: edges some script took solid, the others marked.",
+        ),
+    ] = None,
+    min_coverage: Annotated[
+        float | None,
+        typer.Option(
+            "--min-coverage",
+            metavar="P",
+            min=0.0,
+            max=100.0,
+            help="Exit 1 when scripts take fewer than P percent of the edges.",
+        ),
+    ] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Run every simulation script of a workflow and say which steps and edges none reached.
+
+    Exits 0 when every script passes (and the edges taken reach --min-coverage), 1 when a
+    script fails or coverage is short, 2 when the workflow or a script is refused.
+    """
+    from cli import suite as tests
+    from core.workflow.check import check_source_dir
+
+    g = _globals(ctx, output=output)
+    try:
+        workflow = check_source_dir(source)
+    except CoordinatorError as exc:
+        render.refusal(exc, g.output)
+        raise typer.Exit(2) from None
+    named = tests.named(source, scripts or [])
+    if not named:
+        _usage(f"no scripts: {source / tests.SIMULATIONS} holds no *.yaml, and none were given")
+    suite = tests.run_suite(workflow, named)
+    if coverage_svg is not None:
+        try:
+            coverage_svg.write_text(suite.coverage.picture(), encoding="utf-8")
+        except OSError as exc:
+            _usage(f"--coverage-svg {coverage_svg}: cannot be written ({exc.strerror})")
+    if g.output == "json":
+        render.emit_json(tests.document(suite))
+    else:
+        for line in tests.text(suite, min_coverage):
+            typer.echo(line)
+    status = tests.verdict(suite, min_coverage)
+    if status:
+        raise typer.Exit(status)
+
+
 class GraphFormat(StrEnum):
     """The formats of ``workflow graph``."""
 

@@ -45,7 +45,7 @@ from core.execution.classify import (
     classify_failure,
     retry_delay,
 )
-from core.execution.onward import Onward
+from core.execution.onward import Onward, branch_taken
 from core.execution.settlement import Failure, Settlement, misses_deadline
 from core.execution.steps import Decision, Reached, Send, Sleep, Watch, reached
 from core.execution.wait_until import came
@@ -60,8 +60,10 @@ from core.products.http import (
 )
 from core.states import RunState, StepState
 from core.workflow.expr import Scope
+from core.workflow.graph import CANCEL, START
 from core.workflow.model import (
     CallStep,
+    ChooseStep,
     Step,
     WaitForStep,
     Workflow,
@@ -292,6 +294,21 @@ class Event:
         return out
 
 
+@dataclass(frozen=True)
+class Taken:
+    """One way out of a step the run took: an edge of the workflow's graph (the source,
+    kind and branch of :class:`core.workflow.graph_model.Edge`), or a step's way to the
+    run's failure (kind ``failure``)."""
+
+    source: str
+    kind: str
+    branch: int | None = None
+
+
+FAILURE: Final = "failure"
+"""The kind of a step's way to the run's failure (no edge of the drawn graph)."""
+
+
 @dataclass
 class Simulation:
     """What a simulated run did."""
@@ -305,6 +322,8 @@ class Simulation:
     reached: set[str]
     used: dict[str, int]
     """Per answered step, how many of its scripted answers were used."""
+    taken: list[Taken] = field(default_factory=list)
+    """The ways out of steps the run took, in order."""
 
     @property
     def commands(self) -> list[dict[str, Any]]:
@@ -358,6 +377,9 @@ class _Run:
         self.events: list[Event] = []
         self.reached: set[str] = set()
         self.used: dict[str, int] = {}
+        self.taken: list[Taken] = []
+        self.timed_out: set[str] = set()
+        """The wait-for steps that ended by their timeout."""
         self.cancelling = False
         self.bindings = {
             name: simulated_binding(name, kind) for name, kind in workflow.connections.items()
@@ -431,6 +453,7 @@ class _Run:
         shown_identity = f"{step.result} {watch.field}={watch.identity}"
         if answer.decision is None:
             assert step.timeout_seconds is not None
+            self.timed_out.add(step.id)
             self.now += timedelta(seconds=step.timeout_seconds)
             ev.note = f"{shown_identity}: no decision; timed out"
             return wait_for.timed_out(self.workflow, step)
@@ -457,12 +480,38 @@ class _Run:
             if isinstance(value, dict):
                 self.scope = replace(self.scope, steps={**self.scope.steps, step_id: value})
 
+    def take(self, source: str, kind: str, branch: int | None = None) -> None:
+        self.taken.append(Taken(source, kind, branch))
+
+    def take_choose(self, step: ChooseStep) -> None:
+        """The branch a choose took, decided again over the same values (it reads nothing
+        else), so a branch is told from ``otherwise`` when both lead to one step."""
+        index = branch_taken(step, self.scope)
+        self.take(step.id, "otherwise" if index is None else "choose", index)
+
+    def take_way_out(self, step: Step, settled: Settlement) -> None:
+        """The edge a settled step left by, and those of the chooses its way passed."""
+        if isinstance(step, ChooseStep):
+            self.take_choose(step)
+        elif isinstance(step, CallStep) and settled.state == StepState.REFUSED:
+            self.take(step.id, "onRefused")
+        elif isinstance(step, WaitForStep) and step.id in self.timed_out:
+            self.take(step.id, "onTimeout")
+        else:
+            self.take(step.id, "next")
+        assert settled.way is not None
+        for passed, kind in settled.way.passed:
+            local = self.workflow.step(passed)
+            if kind == "choose" and isinstance(local, ChooseStep):
+                self.take_choose(local)
+
     def finished(self, outcome: str | None) -> dict[str, Any]:
         state = RunState.CANCELLED if self.cancelling else RunState.SUCCEEDED
         return {"state": str(state)} | ({"outcome": outcome} if outcome is not None else {})
 
     def run(self) -> dict[str, Any]:
         current = self.workflow.start
+        self.take(START, "start")
         for _ in range(_MAX_ATTEMPTS):
             step = self.workflow.step(current)
             if self.script.cancel == current and not self.cancelling:
@@ -470,6 +519,7 @@ class _Run:
                 self.cancelling = True
                 if self.workflow.on_cancel is None:
                     return {"state": str(RunState.CANCELLED)}
+                self.take(CANCEL, "onCancel")
                 current = self.workflow.on_cancel
                 continue
             ev = self.event(current, StepState.COMPLETED)
@@ -495,6 +545,12 @@ class _Run:
             ev.state = settled.state
             self.keep(current, settled)
             if settled.failure is not None:
+                self.take(current, FAILURE)
+                if self.cancelling:
+                    # A cancelled run ends cancelled even when its onCancel path fails
+                    # (CONTRACT §10.3): no failure, no outcome, as step_settle records it.
+                    ev.note = f"the onCancel path fails here ({settled.failure.kind})"
+                    return {"state": str(RunState.CANCELLED)}
                 failure = {"kind": settled.failure.kind, "step": current}
                 if settled.failure.path is not None:
                     failure["failurePath"] = settled.failure.path
@@ -502,6 +558,7 @@ class _Run:
             way = settled.way
             if way is None:  # a finish: the run ends with its outcome
                 return self.finished(settled.outcome)
+            self.take_way_out(step, settled)
             for i, (passed, _) in enumerate(way.passed):
                 local = self.event(passed, StepState.COMPLETED)
                 local.note = _continues(way, i)
@@ -573,7 +630,7 @@ def simulate(
         if step_id not in run.used:
             raise _refuse(f"answers.{step_id}", "the run never uses this answer")
     return Simulation(
-        workflow, run.run_id, script.started_at, run.events, end, run.reached, run.used
+        workflow, run.run_id, script.started_at, run.events, end, run.reached, run.used, run.taken
     )
 
 

@@ -26,12 +26,18 @@ from core.workflow.model import ChooseStep, FinishStep, Workflow, step_kind
 MAX_LOCAL_STEPS = 16
 
 
+def branch_taken(step: ChooseStep, scope: Scope) -> int | None:
+    """The index of the first branch whose predicate holds; ``None`` for ``otherwise``."""
+    for index, branch in enumerate(step.branches):
+        if holds(branch.when, scope):
+            return index
+    return None
+
+
 def pick(step: ChooseStep, scope: Scope) -> str:
     """The step a choose continues at: the first branch whose predicate holds."""
-    for branch in step.branches:
-        if holds(branch.when, scope):
-            return branch.next
-    return step.otherwise
+    index = branch_taken(step, scope)
+    return step.otherwise if index is None else step.branches[index].next
 
 
 @dataclass(frozen=True)

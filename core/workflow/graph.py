@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +157,7 @@ EDGE_STYLE: dict[str, tuple[str, str, str]] = {
 _LEGEND_NODES = ("call", "choose", "wait-for", "wait-until", "finish")
 _LEGEND_EDGES = ("next", "choose", "onRefused", "onTimeout", "onCancel")
 _HIGHLIGHT, _UNKNOWN = "#e8710a", "#c5221f"
+_UNCOVERED, _UNCOVERED_DASH = "#d01c8b", "3 3"
 
 
 # --------------------------------------------------------------------------------- writing
@@ -196,6 +197,24 @@ class Highlight:
     current: str | None = None
     unknown: frozenset[str] = frozenset()
     """Steps whose effect is unknown (an uncertain call)."""
+    covered: frozenset[str] | None = None
+    """A coverage picture (``workflow test --coverage-svg``): the ids of the edges some
+    script took; the others, and the steps none reached, are marked. ``None``: not one."""
+    reached: frozenset[str] = frozenset()
+    """With ``covered``: the steps some script reached."""
+    notes: tuple[str, ...] = ()
+    """With ``covered``: lines the legend adds (what the drawing cannot show)."""
+
+    @property
+    def legend_rows(self) -> tuple[tuple[str, str], ...]:
+        """The legend's rows past the step and edge kinds: ``(swatch, words)``."""
+        if self.covered is None:
+            return ()
+        return (
+            ("uncovered-edge", "taken by no script"),
+            ("unreached-step", "reached by no script"),
+            *(("text", note) for note in self.notes),
+        )
 
 
 def _shape(kind: str, b: Box, fill: str, stroke: str, width: float, extra: str = "") -> str:
@@ -225,20 +244,24 @@ def _node_svg(b: Box, marks: set[str], dim: bool) -> list[str]:
     fill, stroke, _ = NODE_STYLE[node.kind]
     width = 2.5 if node.kind == "finish" else 1.5
     classes = ["node", node.kind, *sorted(marks)]
+    outline = ""
     if "unknown" in marks:
         stroke, width = _UNKNOWN, 3.0
     elif marks & {"on-path", "current"}:
         stroke, width = _HIGHLIGHT, 3.0
+    elif "unreached" in marks:
+        stroke, width, outline = _UNCOVERED, 2.5, f' stroke-dasharray="{_UNCOVERED_DASH}"'
     opacity = ' opacity="0.45"' if dim and not marks else ""
     out = [
         f'<g class="{" ".join(classes)}" id="step-{_xml(node.id)}" data-step="{_xml(node.id)}"'
         f"{opacity}>",
-        f"<title>{_xml(node.title)}{': ' + _xml(node.detail) if node.detail else ''}</title>",
+        f"<title>{_xml(node.title)}{': ' + _xml(node.detail) if node.detail else ''}"
+        f"{' (no script reached it)' if 'unreached' in marks else ''}</title>",
     ]
     if "current" in marks:
         halo = Box(b.key, b.x, b.y, b.w + 12, b.h + 12)
         out.append(_shape(node.kind, halo, "none", _HIGHLIGHT, 2, ' stroke-dasharray="5 3"'))
-    out.append(_shape(node.kind, b, fill, stroke, width))
+    out.append(_shape(node.kind, b, fill, stroke, width, outline))
     font = f'font-family="{_FONT}" text-anchor="middle"'
     if node.kind in ("start", "cancel"):
         colour = "#ffffff" if node.kind == "start" else stroke
@@ -294,7 +317,7 @@ def svg(graph: Graph, highlight: Highlight | None = None) -> str:
             raise ValueError(f"the workflow has no step {step_id!r} to highlight")
     taken = _path_edges(graph, highlight)
     dim = bool(highlight.path or highlight.current or highlight.unknown)
-    placed = layout(graph, legend_size())
+    placed = layout(graph, legend_size(highlight.legend_rows))
     name = f"{graph.workflow_id} {graph.version}"
     out = [
         '<svg xmlns="http://www.w3.org/2000/svg" '
@@ -304,7 +327,11 @@ def svg(graph: Graph, highlight: Highlight | None = None) -> str:
         f"<title>Workflow {_xml(name)}</title>",
         "<defs>",
     ]
-    colours = sorted({s[0] for s in EDGE_STYLE.values()} | {_HIGHLIGHT})
+    colours = sorted(
+        {s[0] for s in EDGE_STYLE.values()}
+        | {_HIGHLIGHT}
+        | ({_UNCOVERED} if highlight.covered is not None else set())
+    )
     for colour in colours:
         out.append(
             f'<marker id="arrow-{colour[1:]}" viewBox="0 0 10 10" refX="10" refY="5" '
@@ -317,16 +344,24 @@ def svg(graph: Graph, highlight: Highlight | None = None) -> str:
         'fill="#ffffff"/>'
     )
     out.append('<g class="edges">')
+    covered = highlight.covered
     for e in graph.edges:
         colour, dash, _ = EDGE_STYLE[e.kind]
         width = 1.5
         on_path = e.id in taken
+        edge_marks = ["on-path"] if on_path else []
         if on_path:
             colour, width = _HIGHLIGHT, 3.0
+        elif covered is not None and e.id in covered:
+            dash, edge_marks = "", ["covered"]  # taken by some script: solid
+        elif covered is not None:
+            colour, width, dash, edge_marks = _UNCOVERED, 2.5, _UNCOVERED_DASH, ["uncovered"]
         points = placed.paths[e.id]
         d = "M" + " L".join(f"{_n(x)},{_n(y)}" for x, y in points)
         words = f"{e.source} → {e.target} ({e.kind}{'' if e.branch is None else f' {e.branch}'})"
-        classes = " ".join(["edge", e.kind, *(["on-path"] if on_path else [])])
+        if "uncovered" in edge_marks:
+            words += ", taken by no script"
+        classes = " ".join(["edge", e.kind, *edge_marks])
         opacity = ' opacity="0.45"' if dim and not on_path else ""
         dashes = f' stroke-dasharray="{dash}"' if dash else ""
         out += [
@@ -368,20 +403,27 @@ def svg(graph: Graph, highlight: Highlight | None = None) -> str:
             marks.add("current")
         if b.key in highlight.unknown:
             marks.add("unknown")
+        marker = b.node.kind in ("start", "cancel")
+        if covered is not None and not marker and b.key not in highlight.reached:
+            marks.add("unreached")
         out += _node_svg(b, marks, dim)
     out.append("</g>")
-    out += _legend(placed.legend)
+    out += _legend(placed.legend, highlight.legend_rows)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def legend_size() -> tuple[float, float]:
-    """The width and height of the legend :func:`svg` draws beside the graph."""
-    width = max(text_width(EDGE_STYLE[k][2], DETAIL_PX) for k in _LEGEND_EDGES) + 66
-    return width, 24.0 + 22 * (len(_LEGEND_NODES) + len(_LEGEND_EDGES))
+def legend_size(rows: Sequence[tuple[str, str]] = ()) -> tuple[float, float]:
+    """The width and height of the legend :func:`svg` draws beside the graph (with the
+    ``rows`` a coverage picture adds)."""
+    words = [EDGE_STYLE[k][2] for k in _LEGEND_EDGES] + [w for _, w in rows]
+    width = max(text_width(w, DETAIL_PX) for w in words) + 66
+    return width, 24.0 + 22 * (len(_LEGEND_NODES) + len(_LEGEND_EDGES) + len(rows))
 
 
-def _legend(frame: tuple[float, float, float, float]) -> list[str]:
+def _legend(
+    frame: tuple[float, float, float, float], rows: Sequence[tuple[str, str]] = ()
+) -> list[str]:
     left, top, width, height = frame
     out = [
         '<g class="legend">',
@@ -405,6 +447,19 @@ def _legend(frame: tuple[float, float, float, float]) -> list[str]:
             f'<path d="M{_n(left + 10)},{_n(y + 11)} L{_n(left + 42)},{_n(y + 11)}" '
             f'stroke="{colour}" stroke-width="1.5"{dashes} marker-end="url(#arrow-{colour[1:]})"/>'
         )
+        out.append(f'<text x="{_n(left + 50)}" y="{_n(y + 15)}" {text}>{_xml(words)}</text>')
+        y += 22
+    dashes = f' stroke-dasharray="{_UNCOVERED_DASH}"'
+    for row_kind, words in rows:
+        if row_kind == "uncovered-edge":
+            out.append(
+                f'<path d="M{_n(left + 10)},{_n(y + 11)} L{_n(left + 42)},{_n(y + 11)}" '
+                f'stroke="{_UNCOVERED}" stroke-width="2.5"{dashes} '
+                f'marker-end="url(#arrow-{_UNCOVERED[1:]})"/>'
+            )
+        elif row_kind == "unreached-step":
+            box = Box("unreached", left + 26, y + 11, 32, 16)
+            out.append(_shape("call", box, "#ffffff", _UNCOVERED, 2.5, dashes))
         out.append(f'<text x="{_n(left + 50)}" y="{_n(y + 15)}" {text}>{_xml(words)}</text>')
         y += 22
     out.append("</g>")

@@ -86,7 +86,7 @@ def test_the_simulations_cover_every_outcome_and_failure_kind(example: str) -> N
     workflow = check_source_dir(EXAMPLES / example)
     scripts = [yaml.safe_load(p.read_text()) for p in (EXAMPLES / example).glob("simulations/*")]
     ends = [s["expect"] for s in scripts]
-    assert {e["outcome"] for e in ends if "outcome" in e} == set(workflow.outcomes)
+    assert {e["outcome"] for e in ends if e.get("outcome")} == set(workflow.outcomes)
     assert {e["failure"]["kind"] for e in ends if "failure" in e} == REACHABLE_FAILURES[example]
     assert any(e["state"] == "held" for e in ends), "an uncertain send that holds the run"
     timed = [s.id for s in workflow.steps.values() if getattr(s, "on_timeout", None)]
