@@ -206,7 +206,7 @@ def workflow_simulate(
     else:
         for line in sim.text(simulation, parsed.expect):
             typer.echo(line)
-        ok = not sim.mismatches(parsed.expect, simulation.end)
+        ok = not sim.differences(parsed.expect, simulation)
     if not ok:
         raise typer.Exit(1)
 

@@ -45,7 +45,7 @@ from core.execution.classify import (
     classify_failure,
     retry_delay,
 )
-from core.execution.onward import Onward, branch_taken
+from core.execution.onward import branch_taken
 from core.execution.settlement import Failure, Settlement, misses_deadline
 from core.execution.steps import Decision, Reached, Send, Sleep, Watch, reached
 from core.execution.wait_until import came
@@ -59,7 +59,7 @@ from core.products.http import (
     ExchangeFailure,
 )
 from core.states import RunState, StepState
-from core.workflow.expr import Scope
+from core.workflow.expr import Scope, predicate_refs, read_value
 from core.workflow.graph import CANCEL, START
 from core.workflow.model import (
     CallStep,
@@ -94,8 +94,26 @@ FAILURE_CAUSES: Final = {
 
 _MAX_ATTEMPTS: Final = 1000
 _SCRIPT_KEYS: Final = frozenset({"input", "startedAt", "answers", "cancel", "expect"})
-_EXPECT_KEYS: Final = frozenset({"state", "outcome", "failure", "held"})
+_EXPECT_KEYS: Final = frozenset({"state", "outcome", "failure", "held", "steps", "path"})
+_END_STATES: Final = (
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.CANCELLED,
+    RunState.HELD,
+    RunState.RUNNING,
+)
+"""The states a simulated run can end in (``running``: a step that cannot be decided)."""
+_STEP_END_STATES: Final = (
+    StepState.COMPLETED,
+    StepState.REFUSED,
+    StepState.FAILED,
+    StepState.UNCERTAIN,
+    StepState.CANCELLED,
+    StepState.READY,
+)
+"""The states a step of a simulated run can be left in."""
 _TIMEOUT: Final = "timeout"
+_MAX_SECONDS: Final = 10 * 365 * 86_400
 
 
 def _refuse(path: str, reason: str) -> CoordinatorError:
@@ -129,10 +147,37 @@ class CallAnswer:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """When a scripted event happens: at an instant, or some seconds after the run reaches
+    the step it belongs to (for a cancel without a step: after the run starts)."""
+
+    at: datetime | None = None
+    after_seconds: int | None = None
+
+    def when(self, reached: datetime) -> datetime:
+        if self.at is not None:
+            return self.at
+        assert self.after_seconds is not None
+        return reached + timedelta(seconds=self.after_seconds)
+
+
+@dataclass(frozen=True)
 class WaitAnswer:
-    """The scripted end of a wait-for: a decision document, or ``timeout``."""
+    """The scripted end of a wait-for: a decision document (when it arrives, the moment the
+    run reaches the step unless timed), or ``timeout``."""
 
     decision: Mapping[str, Any] | None
+    timing: Timing | None = None
+
+
+@dataclass(frozen=True)
+class CancelPlan:
+    """When an operator cancels the run: as it reaches ``step`` (before the step is worked
+    on), or at a time (``timing``: an instant, or seconds after the run reaches ``step``, or
+    after the run starts when no step is named)."""
+
+    step: str | None
+    timing: Timing | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +188,7 @@ class Script:
     started_at: datetime
     calls: Mapping[str, tuple[CallAnswer, ...]]
     waits: Mapping[str, WaitAnswer]
-    cancel: str | None
+    cancel: CancelPlan | None
     expect: Mapping[str, Any]
 
 
@@ -171,15 +216,98 @@ def _call_answer(value: Any, path: str) -> CallAnswer:
     return CallAnswer(status, raw)
 
 
+def _seconds(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_SECONDS:
+        raise _refuse(path, f"whole seconds, 0 to {_MAX_SECONDS}")
+    return value
+
+
+def _timing(value: Mapping[str, Any], path: str) -> Timing | None:
+    """The ``at`` or ``afterSeconds`` beside an event, if either is given (not both)."""
+    if "at" in value and "afterSeconds" in value:
+        raise _refuse(f"{path}.afterSeconds", "give at or afterSeconds, not both")
+    if "at" in value:
+        return Timing(at=_instant(value["at"], f"{path}.at"))
+    if "afterSeconds" in value:
+        return Timing(after_seconds=_seconds(value["afterSeconds"], f"{path}.afterSeconds"))
+    return None
+
+
 def _wait_answer(value: Any, path: str) -> WaitAnswer:
     if value == _TIMEOUT:
         return WaitAnswer(None)
-    if not isinstance(value, dict) or set(value) != {"decision"}:
-        raise _refuse(path, "a wait-for's answer is {decision: {outcome: …}} or timeout")
+    shape = "a wait-for's answer is {decision: {outcome: …}} (with at or afterSeconds) or timeout"
+    if not isinstance(value, dict) or "decision" not in value:
+        raise _refuse(path, shape)
+    unknown = sorted(set(value) - {"decision", "at", "afterSeconds"})
+    if unknown:
+        raise _refuse(f"{path}.{unknown[0]}", "unknown key; use decision, at, afterSeconds")
     decision = value["decision"]
     if not isinstance(decision, dict) or not isinstance(decision.get("outcome"), str):
         raise _refuse(f"{path}.decision.outcome", "the decision's outcome, as text")
-    return WaitAnswer(decision)
+    return WaitAnswer(decision, _timing(value, path))
+
+
+def _cancel_plan(workflow: Workflow, value: Any) -> CancelPlan | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"step": value}
+    if not isinstance(value, dict):
+        raise _refuse("cancel", "a step id, or {step?, at | afterSeconds}")
+    unknown = sorted(set(value) - {"step", "at", "afterSeconds"})
+    if unknown:
+        raise _refuse(f"cancel.{unknown[0]}", "unknown key; use step, at, afterSeconds")
+    step = value.get("step")
+    if step is not None and (not isinstance(step, str) or step not in workflow.steps):
+        where = "cancel" if set(value) == {"step"} else "cancel.step"
+        raise _refuse(where, "the id of a step the run is cancelled at")
+    timing = _timing(value, "cancel")
+    if step is None and timing is None:
+        raise _refuse("cancel", "a step id, or {step?, at | afterSeconds}")
+    if step is not None and timing is not None and timing.at is not None:
+        raise _refuse("cancel.at", "an instant stands alone; with a step use afterSeconds")
+    return CancelPlan(step, timing)
+
+
+def _expectation(workflow: Workflow, expect: Any) -> Mapping[str, Any]:
+    """``expect`` checked: the keys, a run state, the steps' states and the path named by
+    step ids the workflow has. A value no run can give is refused, not compared."""
+    if not isinstance(expect, dict) or "state" not in expect:
+        raise _refuse("expect", "required: at least the state the run ends in")
+    unknown = sorted(set(expect) - _EXPECT_KEYS)
+    if unknown:
+        raise _refuse(f"expect.{unknown[0]}", f"unknown key; use {', '.join(sorted(_EXPECT_KEYS))}")
+    if expect["state"] not in _END_STATES:
+        raise _refuse("expect.state", "one of " + ", ".join(_END_STATES))
+    steps = expect.get("steps")
+    if steps is not None:
+        if not isinstance(steps, dict) or not steps:
+            raise _refuse("expect.steps", "a mapping of step ids to states")
+        for step_id, wanted in steps.items():
+            path = f"expect.steps.{step_id}"
+            if step_id not in workflow.steps:
+                raise _refuse(path, f"the workflow has no step '{step_id}'")
+            state = wanted.get("state") if isinstance(wanted, dict) else wanted
+            if isinstance(wanted, dict):
+                extra = sorted(set(wanted) - {"state", "at"})
+                if extra:
+                    raise _refuse(f"{path}.{extra[0]}", "unknown key; use state, at")
+                if "at" in wanted:
+                    _instant(wanted["at"], f"{path}.at")
+            if state not in _STEP_END_STATES:
+                raise _refuse(
+                    f"{path}.state" if isinstance(wanted, dict) else path,
+                    "one of " + ", ".join(_STEP_END_STATES),
+                )
+    path_ids = expect.get("path")
+    if path_ids is not None:
+        if not isinstance(path_ids, list) or not path_ids:
+            raise _refuse("expect.path", "the ids of the steps the run takes, in order")
+        for index, step_id in enumerate(path_ids):
+            if step_id not in workflow.steps:
+                raise _refuse(f"expect.path[{index}]", f"the workflow has no step '{step_id}'")
+    return expect
 
 
 def _instant(value: Any, path: str) -> datetime:
@@ -233,16 +361,12 @@ def parse_script(workflow: Workflow, document: Any, run_input: Any = None) -> Sc
             waits[step.id] = answer
         else:
             raise _refuse(path, f"'{step_id}' is a {step_kind(step)} step: nothing to answer")
-    cancel = document.get("cancel")
-    if cancel is not None and (not isinstance(cancel, str) or cancel not in workflow.steps):
-        raise _refuse("cancel", "the id of a step the run is cancelled at")
-    expect = document.get("expect")
-    if not isinstance(expect, dict) or "state" not in expect:
-        raise _refuse("expect", "required: at least the state the run ends in")
-    unknown = sorted(set(expect) - _EXPECT_KEYS)
-    if unknown:
-        raise _refuse(f"expect.{unknown[0]}", f"unknown key; use {', '.join(sorted(_EXPECT_KEYS))}")
+    cancel = _cancel_plan(workflow, document.get("cancel"))
+    expect = _expectation(workflow, document.get("expect"))
     started = _instant(document.get("startedAt", DEFAULT_STARTED_AT), "startedAt")
+    cancel_at = cancel.timing.at if cancel is not None and cancel.timing is not None else None
+    if cancel_at is not None and cancel_at < started:
+        raise _refuse("cancel.at", "before the run starts")
     return Script(run_input, started, calls, waits, cancel, expect)
 
 
@@ -269,27 +393,63 @@ def read_script(workflow: Workflow, path: Path, input_file: Path | None = None) 
 
 @dataclass
 class Event:
-    """One step on the run's path."""
+    """One step on the run's path, every decision in it as data."""
 
     step: str
     type: str
     at: str
+    """When the run reached the step."""
     state: str
     """The step's state after it (completed, refused, failed, uncertain, cancelled)."""
+    ended_at: str | None = None
+    """When the step ended (None while it is left undecided)."""
     request: dict[str, Any] | None = None
     """A call's request: method, url, key (Idempotency-Key) and body."""
     attempts: list[dict[str, Any]] = field(default_factory=list)
-    """A call's exchanges: the answer and its classification."""
-    note: str | None = None
+    """A call's exchanges: the answer, its classification, the next attempt's instant."""
+    branch: int | str | None = None
+    """A choose's branch: its index, or ``otherwise``."""
+    next: str | None = None
+    """Where a choose continues."""
+    read: dict[str, Any] | None = None
+    """The values a choose's predicates read (reference -> value, null for nothing)."""
+    fired: dict[str, Any] | None = None
+    """Why and when a wait ended (``due``, ``decision``, ``timeout``) or a cancel came."""
+    decision: dict[str, Any] | None = None
+    """The decision a wait-for kept."""
+    ignored: dict[str, Any] | None = None
+    """A scripted decision that came after the wait's timeout: ``{at}``, never kept."""
+    kept: dict[str, Any] | None = None
+    """The values the step kept for later steps (a call's output)."""
+    outcome: str | None = None
+    """A finish's outcome."""
+    held: dict[str, Any] | None = None
+    """An uncertain call: ``{cause}``; the run is held for an operator."""
+    failure: dict[str, Any] | None = None
+    """How the step failed: ``{kind, failurePath?}``."""
+    undecided: str | None = None
+    """Why a step could not be decided (the exception's name)."""
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "type": self.type, "at": self.at}
-        if self.request is not None:
-            out["request"] = self.request
-        if self.attempts:
-            out["attempts"] = self.attempts
-        if self.note is not None:
-            out["note"] = self.note
+        for name, value in (
+            ("endedAt", self.ended_at),
+            ("request", self.request),
+            ("attempts", self.attempts or None),
+            ("branch", self.branch),
+            ("next", self.next),
+            ("read", self.read),
+            ("fired", self.fired),
+            ("decision", self.decision),
+            ("ignored", self.ignored),
+            ("kept", self.kept),
+            ("outcome", self.outcome),
+            ("held", self.held),
+            ("failure", self.failure),
+            ("undecided", self.undecided),
+        ):
+            if value is not None:
+                out[name] = value
         out["state"] = self.state
         return out
 
@@ -357,6 +517,13 @@ def simulation_run_id(workflow_id: str, admission_key: bytes = SIMULATION_KEY) -
     return derive.run_id(admission_key, identity)
 
 
+class _Cancelled:
+    """A wait or a retry the scripted cancel came during (the step is abandoned)."""
+
+
+CANCELLED: Final = _Cancelled()
+
+
 class _Run:
     """The simulated run: clock, kept values, path."""
 
@@ -381,16 +548,31 @@ class _Run:
         self.timed_out: set[str] = set()
         """The wait-for steps that ended by their timeout."""
         self.cancelling = False
+        self.cancel_due: datetime | None = None
+        """When the scripted cancel comes, once known."""
+        self.cancelled = False
+        """Whether the scripted cancel came."""
+        plan = script.cancel
+        if plan is not None and plan.step is None and plan.timing is not None:
+            self.cancel_due = plan.timing.when(script.started_at)
         self.bindings = {
             name: simulated_binding(name, kind) for name, kind in workflow.connections.items()
         }
 
-    def event(self, step_id: str, state: str, **kwargs: Any) -> Event:
+    def event(self, step_id: str, state: str) -> Event:
         kind = step_kind(self.workflow.step(step_id))
-        ev = Event(step_id, kind, clock.timestamp(self.now), state, **kwargs)
+        ev = Event(step_id, kind, clock.timestamp(self.now), state)
         self.events.append(ev)
         self.reached.add(step_id)
         return ev
+
+    def cancel_within(self, until: datetime) -> bool:
+        """Whether the scripted cancel comes before (or at) ``until``, while the run waits
+        at its present step; if so the clock moves to it."""
+        if self.cancelled or self.cancel_due is None or self.cancel_due > until:
+            return False
+        self.now = max(self.now, self.cancel_due)
+        return True
 
     # -------------------------------------------------------------------- the steps
 
@@ -401,7 +583,7 @@ class _Run:
         at = Reached(self.workflow, self.scope, self.now, self.bindings, key=key)
         return reached(step, at)
 
-    def send(self, send: Send, ev: Event) -> Settlement | dict[str, Any]:
+    def send(self, send: Send, ev: Event) -> Settlement | dict[str, Any] | _Cancelled:
         """Answer a call's command from the script, as often as the dispatcher would send it."""
         step, op = send.step, send.built.operation
         ev.request = _request_document(send.built)
@@ -418,10 +600,9 @@ class _Run:
             answer = answers[min(len(answers) - 1, self.used.get(step.id, 0))]
             self.used[step.id] = self.used.get(step.id, 0) + 1
             result = answer.classified()
-            ev.attempts.append(
-                {"at": clock.timestamp(self.now), "answer": answer.describe()}
-                | _classified_document(result)
-            )
+            attempt: dict[str, Any] = {"at": clock.timestamp(self.now), "answer": answer.describe()}
+            attempt |= _classified_document(result)
+            ev.attempts.append(attempt)
             if result.result == REFUSED and result.status == 401 and not resent:
                 # The dispatcher sends once more with a fresh token.
                 resent = True
@@ -431,17 +612,22 @@ class _Run:
             if settlement is not None:
                 return settlement
             if result.result == UNCERTAIN:
-                ev.note = "effect unknown: never resent automatically; an operator settles it"
                 return {"state": StepState.UNCERTAIN, "cause": result.cause or UNREADABLE_ANSWER}
             assert result.result == RETRYABLE
             delay = retry_delay(prepared, jitter=lambda: 0.0)
             if misses_deadline(deadline_at, self.now, delay):
+                attempt["nextAttemptAt"] = None  # the deadline passes first
                 return Settlement.failing(Failure("deadline-exceeded"))
-            self.now += timedelta(seconds=delay)
+            next_at = self.now + timedelta(seconds=delay)
+            attempt["nextAttemptAt"] = clock.timestamp(next_at)
+            if self.cancel_within(next_at):
+                return CANCELLED
+            self.now = next_at
         raise _refuse(f"answers.{step.id}", f"more than {_MAX_ATTEMPTS} attempts")
 
-    def watch(self, watch: Watch, ev: Event) -> Settlement:
-        """Answer a wait-for's read from the script: a decision, or its timeout."""
+    def watch(self, watch: Watch, ev: Event) -> Settlement | _Cancelled:
+        """Answer a wait-for's read from the script: a decision when it comes (at once unless
+        timed), or the timeout, which also takes a decision scripted for later."""
         step = watch.step
         answer = self.script.waits.get(step.id)
         if answer is None:
@@ -450,86 +636,136 @@ class _Run:
                 "the run reaches this wait-for and the script does not answer it",
             )
         self.used[step.id] = 1
-        shown_identity = f"{step.result} {watch.field}={watch.identity}"
-        if answer.decision is None:
-            assert step.timeout_seconds is not None
+        reached_at = self.now
+        timeout_at = (
+            None
+            if step.timeout_seconds is None
+            else reached_at + timedelta(seconds=step.timeout_seconds)
+        )
+        arrives = None
+        if answer.decision is not None:
+            # A decision made before the run waits is found by the wait's first read.
+            timing = answer.timing
+            arrives = max(reached_at, timing.when(reached_at)) if timing else reached_at
+        late = arrives is not None and timeout_at is not None and arrives >= timeout_at
+        if arrives is None or late:
+            assert timeout_at is not None  # the script's check: a timeout needs timeoutSeconds
+            if self.cancel_within(timeout_at):
+                return CANCELLED
             self.timed_out.add(step.id)
-            self.now += timedelta(seconds=step.timeout_seconds)
-            ev.note = f"{shown_identity}: no decision; timed out"
+            self.now = timeout_at
+            ev.fired = {"why": "timeout", "at": clock.timestamp(timeout_at)}
+            if late:
+                assert arrives is not None
+                ev.ignored = {"at": clock.timestamp(arrives)}
             return wait_for.timed_out(self.workflow, step)
+        assert answer.decision is not None
+        if self.cancel_within(arrives):
+            return CANCELLED
+        self.now = arrives
         decision = {"decidedAt": clock.timestamp(self.now), **answer.decision}
         read = wait_for.interpret(200, canonical_json({"status": "decided", "decision": decision}))
         if read.kind != wait_for.DECIDED or read.result is None:
             raise _refuse(f"answers.{step.id}.decision", f"not a decision ({read.reason})")
-        shown = ", ".join(f"{k}={v}" for k, v in read.result.items())
-        ev.note = f"{shown_identity}: {shown}"
+        ev.fired = {"why": "decision", "at": clock.timestamp(self.now)}
+        ev.decision = dict(read.result)
         return wait_for.decided(self.workflow, step, read.result)
 
-    def sleep(self, sleep: Sleep, ev: Event) -> Settlement:
+    def sleep(self, sleep: Sleep, ev: Event) -> Settlement | _Cancelled:
         """Move the simulated clock to a timer's instant; the run goes on."""
-        ev.note = f"waits until {clock.timestamp(sleep.until)}"
+        if self.cancel_within(sleep.until):
+            return CANCELLED
         self.now = sleep.until
+        ev.fired = {"why": "due", "at": clock.timestamp(sleep.until)}
         return came(self.workflow, self.scope, sleep.step)
 
     # -------------------------------------------------------------------- the walk
 
-    def keep(self, step_id: str, settlement: Settlement) -> None:
+    def keep(self, step_id: str, settlement: Settlement, ev: Event) -> None:
         """The values a settled step keeps for later steps (its output, a decision)."""
         for purpose in ("output", "wait-result"):
             value = settlement.keep.get(purpose)
             if isinstance(value, dict):
                 self.scope = replace(self.scope, steps={**self.scope.steps, step_id: value})
+                if purpose == "output":
+                    ev.kept = dict(value)
 
     def take(self, source: str, kind: str, branch: int | None = None) -> None:
         self.taken.append(Taken(source, kind, branch))
 
-    def take_choose(self, step: ChooseStep) -> None:
+    def take_choose(self, step: ChooseStep, ev: Event) -> None:
         """The branch a choose took, decided again over the same values (it reads nothing
-        else), so a branch is told from ``otherwise`` when both lead to one step."""
+        else), so a branch is told from ``otherwise`` when both lead to one step; the
+        values its predicates read go into the step's trace."""
         index = branch_taken(step, self.scope)
         self.take(step.id, "otherwise" if index is None else "choose", index)
+        ev.branch = "otherwise" if index is None else index
+        ev.next = step.otherwise if index is None else step.branches[index].next
+        tried = step.branches if index is None else step.branches[: index + 1]
+        ev.read = {
+            ref.text: read_value(ref, self.scope)
+            for branch in tried
+            for ref in predicate_refs(branch.when)
+        }
 
-    def take_way_out(self, step: Step, settled: Settlement) -> None:
-        """The edge a settled step left by, and those of the chooses its way passed."""
+    def take_way_out(self, step: Step, settled: Settlement, ev: Event) -> None:
+        """The edge a settled step left by."""
         if isinstance(step, ChooseStep):
-            self.take_choose(step)
+            self.take_choose(step, ev)
         elif isinstance(step, CallStep) and settled.state == StepState.REFUSED:
             self.take(step.id, "onRefused")
         elif isinstance(step, WaitForStep) and step.id in self.timed_out:
             self.take(step.id, "onTimeout")
         else:
             self.take(step.id, "next")
-        assert settled.way is not None
-        for passed, kind in settled.way.passed:
-            local = self.workflow.step(passed)
-            if kind == "choose" and isinstance(local, ChooseStep):
-                self.take_choose(local)
 
     def finished(self, outcome: str | None) -> dict[str, Any]:
         state = RunState.CANCELLED if self.cancelling else RunState.SUCCEEDED
         return {"state": str(state)} | ({"outcome": outcome} if outcome is not None else {})
+
+    def cancel(self, ev: Event) -> str | None:
+        """The scripted cancel comes at the step of ``ev``: the step is abandoned, and the
+        run goes on at ``onCancel`` (its id) or ends (None)."""
+        self.cancelled = self.cancelling = True
+        ev.state = StepState.CANCELLED
+        ev.ended_at = clock.timestamp(self.now)
+        ev.fired = {"why": "cancel", "at": clock.timestamp(self.now)}
+        if self.workflow.on_cancel is None:
+            return None
+        self.take(CANCEL, "onCancel")
+        return self.workflow.on_cancel
+
+    def arrive(self, current: str) -> bool:
+        """The run reaches ``current``: whether the scripted cancel comes now, before the
+        step is worked on."""
+        plan = self.script.cancel
+        if plan is None or self.cancelled:
+            return False
+        if plan.step == current and self.cancel_due is None:
+            if plan.timing is None:
+                return True
+            self.cancel_due = plan.timing.when(self.now)
+        return self.cancel_due is not None and self.cancel_due <= self.now
 
     def run(self) -> dict[str, Any]:
         current = self.workflow.start
         self.take(START, "start")
         for _ in range(_MAX_ATTEMPTS):
             step = self.workflow.step(current)
-            if self.script.cancel == current and not self.cancelling:
-                self.event(current, StepState.CANCELLED, note="an operator cancels the run here")
-                self.cancelling = True
-                if self.workflow.on_cancel is None:
-                    return {"state": str(RunState.CANCELLED)}
-                self.take(CANCEL, "onCancel")
-                current = self.workflow.on_cancel
-                continue
             ev = self.event(current, StepState.COMPLETED)
+            if self.arrive(current):
+                following = self.cancel(ev)
+                if following is None:
+                    return {"state": str(RunState.CANCELLED)}
+                current = following
+                continue
             try:
                 decision = self.reach(step)
             except Exception as exc:  # the dispatcher gives such a step back, again and again
-                ev.state = "ready"
-                ev.note = f"the step cannot be decided ({type(exc).__name__})"
+                ev.state = StepState.READY
+                ev.undecided = type(exc).__name__
                 return {"state": str(RunState.RUNNING), "stuck": current}
-            settled: Settlement | dict[str, Any]
+            settled: Settlement | dict[str, Any] | _Cancelled
             if isinstance(decision, Send):
                 settled = self.send(decision, ev)
             elif isinstance(decision, Watch):
@@ -538,18 +774,27 @@ class _Run:
                 settled = self.sleep(decision, ev)
             else:
                 settled = decision
-                ev.note = _decided_note(decision)
+            if isinstance(settled, _Cancelled):
+                following = self.cancel(ev)
+                if following is None:
+                    return {"state": str(RunState.CANCELLED)}
+                current = following
+                continue
             if isinstance(settled, dict):
                 ev.state = settled["state"]
+                ev.held = {"cause": settled["cause"]}
                 return {"state": str(RunState.HELD), "held": {"step": current, **settled}}
             ev.state = settled.state
-            self.keep(current, settled)
+            ev.ended_at = clock.timestamp(self.now)
+            self.keep(current, settled, ev)
             if settled.failure is not None:
                 self.take(current, FAILURE)
+                ev.failure = {"kind": settled.failure.kind}
+                if settled.failure.path is not None:
+                    ev.failure["failurePath"] = settled.failure.path
                 if self.cancelling:
                     # A cancelled run ends cancelled even when its onCancel path fails
                     # (CONTRACT §10.3): no failure, no outcome, as step_settle records it.
-                    ev.note = f"the onCancel path fails here ({settled.failure.kind})"
                     return {"state": str(RunState.CANCELLED)}
                 failure = {"kind": settled.failure.kind, "step": current}
                 if settled.failure.path is not None:
@@ -557,34 +802,21 @@ class _Run:
                 return {"state": str(RunState.FAILED), "failure": failure}
             way = settled.way
             if way is None:  # a finish: the run ends with its outcome
+                ev.outcome = settled.outcome
                 return self.finished(settled.outcome)
-            self.take_way_out(step, settled)
-            for i, (passed, _) in enumerate(way.passed):
+            self.take_way_out(step, settled, ev)
+            for passed, _ in way.passed:
                 local = self.event(passed, StepState.COMPLETED)
-                local.note = _continues(way, i)
+                local.ended_at = local.at
+                local_step = self.workflow.step(passed)
+                if isinstance(local_step, ChooseStep):
+                    self.take_choose(local_step, local)
+                else:
+                    local.outcome = way.outcome
             if way.next_step is None:
                 return self.finished(way.outcome)
             current = way.next_step
         raise _refuse("", "the run takes more steps than any checked workflow can")
-
-
-def _continues(way: Onward, index: int) -> str:
-    """The note of local step ``index`` of ``way``: a finish's outcome, or where a choose
-    continues."""
-    if index + 1 == len(way.passed) and way.next_step is None:
-        return f"outcome {way.outcome}"
-    after = way.passed[index + 1][0] if index + 1 < len(way.passed) else way.next_step
-    return f"continues at {after}"
-
-
-def _decided_note(settlement: Settlement) -> str | None:
-    """The note of a step that ended as it was reached: where a choose continues, a finish's
-    outcome, a timer already past."""
-    way = settlement.way
-    if way is None:
-        return None if settlement.outcome is None else f"outcome {settlement.outcome}"
-    first = way.passed[0][0] if way.passed else way.next_step
-    return f"continues at {first}" if first is not None else f"outcome {way.outcome}"
 
 
 def _request_document(built: Built) -> dict[str, Any]:
@@ -619,8 +851,12 @@ def simulate(
     for step_id in [*script.calls, *script.waits]:
         if step_id not in run.reached:
             raise _refuse(f"answers.{step_id}", "the run never reaches this step")
-    if script.cancel is not None and script.cancel not in run.reached:
-        raise _refuse("cancel", f"the run never reaches '{script.cancel}'")
+    plan = script.cancel
+    if plan is not None and not run.cancelled:
+        if plan.step is not None and plan.step not in run.reached:
+            raise _refuse("cancel", f"the run never reaches '{plan.step}'")
+        when = "" if run.cancel_due is None else f" ({clock.timestamp(run.cancel_due)})"
+        raise _refuse("cancel", f"the run ends before the cancel comes{when}")
     for step_id, answers in script.calls.items():
         used = run.used.get(step_id, 0)
         if used < len(answers):
@@ -641,6 +877,8 @@ def mismatches(expect: Mapping[str, Any], end: Mapping[str, Any], prefix: str = 
     """Where the run's end differs from ``expect`` (only what ``expect`` names is compared)."""
     out: list[str] = []
     for name, wanted in expect.items():
+        if not prefix and name in ("steps", "path"):
+            continue  # about the way, not the end: see differences
         got = end.get(name)
         if isinstance(wanted, dict) and isinstance(got, dict):
             out.extend(mismatches(wanted, got, f"{prefix}{name}."))
@@ -651,13 +889,50 @@ def mismatches(expect: Mapping[str, Any], end: Mapping[str, Any], prefix: str = 
     return out
 
 
+def differences(expect: Mapping[str, Any], simulation: Simulation) -> list[str]:
+    """Where the run differs from ``expect``: its end, then its path, then its steps."""
+    out = mismatches(expect, simulation.end)
+    wanted_path = expect.get("path")
+    taken = [ev.step for ev in simulation.events]
+    if wanted_path is not None and list(wanted_path) != taken:
+        at = next(
+            (
+                i
+                for i, pair in enumerate(zip(wanted_path, taken, strict=False))
+                if len(set(pair)) > 1
+            ),
+            min(len(wanted_path), len(taken)),
+        )
+        out.append(
+            f"expect.path: expected {_show(list(wanted_path))}, the run took {_show(taken)} "
+            f"(first difference at [{at}])"
+        )
+    for step_id, wanted in (expect.get("steps") or {}).items():
+        where = f"expect.steps.{step_id}"
+        state = wanted["state"] if isinstance(wanted, dict) else wanted
+        last = next((ev for ev in reversed(simulation.events) if ev.step == step_id), None)
+        if last is None:
+            out.append(f"{where}: expected {_show(state)}, the run never reached it")
+            continue
+        if last.state != state:
+            out.append(f"{where}: expected {_show(state)}, the step ended {_show(last.state)}")
+        if isinstance(wanted, dict) and "at" in wanted:
+            instant = (
+                wanted["at"].isoformat() if isinstance(wanted["at"], datetime) else wanted["at"]
+            )
+            when = last.ended_at or last.at
+            if clock.parse_instant(instant) != clock.parse_instant(when):
+                out.append(f"{where}.at: expected {instant}, the step ended at {when}")
+    return out
+
+
 def _show(value: Any) -> str:
     return "nothing" if value is None else json.dumps(value, ensure_ascii=False)
 
 
 def document(simulation: Simulation, expect: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON form (``--output json``)."""
-    wrong = mismatches(expect, simulation.end)
+    wrong = differences(expect, simulation)
     return {
         "workflow": {"id": simulation.workflow.id, "version": simulation.workflow.version},
         "runId": simulation.run_id,
@@ -669,6 +944,73 @@ def document(simulation: Simulation, expect: Mapping[str, Any]) -> dict[str, Any
     }
 
 
+def _pairs(values: Mapping[str, Any]) -> str:
+    return ", ".join(
+        f"{name}={value if isinstance(value, str) else _show(value)}"
+        for name, value in values.items()
+    )
+
+
+def _event_lines(ev: Event) -> list[str]:
+    """The lines of one step below its heading: every decision the step made."""
+    lines: list[str] = []
+    if ev.request is not None:
+        req = ev.request
+        lines.append(f"send    {req['method']} {req['url']}")
+        lines.append(f"key     {req['key']}")
+        lines.append(f"command {json.dumps(req['body'], ensure_ascii=False, sort_keys=True)}")
+    for attempt in ev.attempts:
+        cause = f", cause {attempt['cause']}" if "cause" in attempt else ""
+        line = (
+            f"answer  {attempt['at']}  {attempt['answer']} -> {attempt['result']} "
+            f"({attempt['reason']}{cause})"
+        )
+        if "nextAttemptAt" in attempt:
+            following = attempt["nextAttemptAt"]
+            line += (
+                f"; next attempt {following}"
+                if following is not None
+                else "; no next attempt: the deadline comes first"
+            )
+        lines.append(line)
+    if ev.branch is not None:
+        branch = "otherwise" if ev.branch == "otherwise" else f"branch {ev.branch}"
+        lines.append(f"took    {branch} -> {ev.next}")
+        if ev.read:
+            lines.append(f"read    {_pairs(ev.read)}")
+    if ev.fired is not None:
+        why, at = ev.fired["why"], ev.fired["at"]
+        if why == "decision":
+            lines.append(f"fired   decision at {at}: {_pairs(ev.decision or {})}")
+        elif why == "timeout":
+            lines.append(f"fired   timeout at {at}")
+            if ev.ignored is not None:
+                lines.append(
+                    f"ignored the decision scripted for {ev.ignored['at']}: it comes after "
+                    "the timeout"
+                )
+        elif why == "due":
+            lines.append(f"fired   due at {at}")
+        else:
+            lines.append(f"fired   cancel at {at}: an operator cancels the run here")
+    if ev.kept:
+        lines.append(f"kept    {_pairs(ev.kept)}")
+    if ev.outcome is not None:
+        lines.append(f"outcome {ev.outcome}")
+    if ev.held is not None:
+        lines.append(
+            f"held    effect unknown (cause {ev.held['cause']}): never resent automatically; "
+            "an operator settles it"
+        )
+    if ev.failure is not None:
+        path = ev.failure.get("failurePath")
+        lines.append(f"failed  {ev.failure['kind']}" + (f" at {path}" if path else ""))
+    if ev.undecided is not None:
+        lines.append(f"the step cannot be decided ({ev.undecided})")
+    lines.append(f"state   {ev.state}" + (f" at {ev.ended_at}" if ev.ended_at else ""))
+    return lines
+
+
 def text(simulation: Simulation, expect: Mapping[str, Any]) -> list[str]:
     """The readable form: the path step by step, the end, the verdict."""
     wf = simulation.workflow
@@ -678,21 +1020,7 @@ def text(simulation: Simulation, expect: Mapping[str, Any]) -> list[str]:
     ]
     for number, ev in enumerate(simulation.events, 1):
         lines.append(f"{number:>3}  {ev.at}  {ev.step} ({ev.type})")
-        if ev.request is not None:
-            req = ev.request
-            lines.append(f"       send    {req['method']} {req['url']}")
-            lines.append(f"       key     {req['key']}")
-            body = json.dumps(req["body"], ensure_ascii=False, sort_keys=True)
-            lines.append(f"       command {body}")
-        for attempt in ev.attempts:
-            cause = f", cause {attempt['cause']}" if "cause" in attempt else ""
-            lines.append(
-                f"       answer  {attempt['at']}  {attempt['answer']} -> {attempt['result']} "
-                f"({attempt['reason']}{cause})"
-            )
-        if ev.note is not None:
-            lines.append(f"       {ev.note}")
-        lines.append(f"       state   {ev.state}")
+        lines.extend(f"       {line}" for line in _event_lines(ev))
     end = simulation.end
     summary = f"end: {end['state']}"
     if "outcome" in end:
@@ -707,6 +1035,6 @@ def text(simulation: Simulation, expect: Mapping[str, Any]) -> list[str]:
     if "stuck" in end:
         summary += f": step {end['stuck']} cannot be decided"
     lines.append(summary)
-    wrong = mismatches(expect, end)
+    wrong = differences(expect, simulation)
     lines.extend(wrong or ["as expected"])
     return lines

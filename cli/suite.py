@@ -222,7 +222,7 @@ def run_suite(workflow: Workflow, scripts: Iterable[tuple[str, Path]]) -> Suite:
         except CoordinatorError as refused:
             suite.results.append(ScriptResult(name, False, refused=refused))
             continue
-        wrong = tuple(sim.mismatches(script.expect, simulation.end))
+        wrong = tuple(sim.differences(script.expect, simulation))
         suite.results.append(ScriptResult(name, not wrong, None, wrong, simulation))
     return suite
 

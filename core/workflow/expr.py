@@ -242,3 +242,43 @@ def holds(predicate: Predicate, scope: Scope) -> bool:
     if isinstance(predicate, Not):
         return not holds(predicate.item, scope)
     raise TypeError(f"unknown predicate {type(predicate).__name__}")  # pragma: no cover
+
+
+def predicate_refs(predicate: Predicate) -> list[Ref]:
+    """The references a predicate reads, in the order written, each once."""
+    found: list[Ref] = []
+
+    def strings(value: Any) -> Iterator[str]:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from strings(item)
+
+    def visit(p: Predicate) -> None:
+        if isinstance(p, Equals):
+            texts = [*strings(p.left), *strings(p.right)]
+        elif isinstance(p, In):
+            texts = [*strings(p.item), *strings(p.options)]
+        elif isinstance(p, Exists):
+            texts = [p.value]
+        else:
+            for item in p.items if isinstance(p, All | AnyOf) else (p.item,):
+                visit(item)
+            return
+        for text in texts:
+            for ref in parse_template(text).refs:
+                if ref not in found:
+                    found.append(ref)
+
+    visit(predicate)
+    return found
+
+
+def read_value(ref: Ref, scope: Scope) -> Any:
+    """The value a reference names, or None when it names nothing (as a trace shows it)."""
+    value = _lookup(ref, scope)
+    return None if value is _ABSENT else value

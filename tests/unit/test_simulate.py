@@ -271,7 +271,7 @@ def test_a_wait_for_timeout_passes_the_whole_timeout() -> None:
         (
             {"expect": {"state": "succeeded", "outcomes": "approved"}},
             "coordinator.request.invalid: script: expect.outcomes: unknown key; use failure, "
-            "held, outcome, state",
+            "held, outcome, path, state, steps",
         ),
         (
             {"input": {"applicationId": "x"}},
@@ -317,3 +317,188 @@ def test_a_refusal_under_json_output_is_json(
     code, out, err = simulate_file(APPROVAL, script, capsys, "--output", "json")
     assert (code, out) == (2, "")
     assert json.loads(err.splitlines()[0])["code"] == "coordinator.request.invalid"
+
+
+# ------------------------------------------------------------------- timed events, the trace
+
+
+def _run(**changes: Any) -> sim.Simulation:
+    workflow = approval()
+    return sim.simulate(workflow, sim.parse_script(workflow, approval_script(**changes)))
+
+
+def _wait(decision: dict[str, Any]) -> dict[str, Any]:
+    return {**approval_script()["answers"], "await-decision": decision}
+
+
+def test_a_decision_after_the_timeout_is_the_timeout_and_the_trace_says_so() -> None:
+    late = _run(
+        answers={
+            "request-review": {"status": 201, "body": {"reviewId": "r"}},
+            "await-decision": {"decision": {"outcome": "approved"}, "afterSeconds": 1209600},
+        },
+        expect={"state": "succeeded", "outcome": "expired"},
+    )
+    wait = late.events[1].document()
+    assert wait["fired"] == {"why": "timeout", "at": "2030-01-21T09:00:00.000Z"}
+    assert wait["ignored"] == {"at": "2030-01-21T09:00:00.000Z"}  # at the timeout: too late
+    assert "decision" not in wait and late.end == {"state": "succeeded", "outcome": "expired"}
+    in_time = _run(answers=_wait({"decision": {"outcome": "approved"}, "afterSeconds": 1209599}))
+    assert in_time.events[1].document()["fired"] == {
+        "why": "decision",
+        "at": "2030-01-21T08:59:59.000Z",
+    }
+    assert in_time.events[1].decision == {
+        "outcome": "approved",
+        "decidedAt": "2030-01-21T08:59:59.000Z",
+    }
+
+
+def test_a_decision_made_before_the_wait_is_found_when_the_run_reaches_it() -> None:
+    early = _run(answers=_wait({"decision": {"outcome": "approved"}, "at": "2030-01-01T00:00:00Z"}))
+    assert early.events[1].fired == {"why": "decision", "at": "2030-01-07T09:00:00.000Z"}
+
+
+def test_a_cancel_can_come_at_an_instant_during_a_wait_or_between_retries() -> None:
+    answers = {
+        "request-review": {"status": 201, "body": {"reviewId": "r"}},
+        "notify-cancelled": {"status": 202, "body": {"messageId": "m"}},
+    }
+    during_wait = _run(
+        answers={**answers, "await-decision": "timeout"},
+        cancel={"at": "2030-01-09T12:00:00Z"},
+        expect={"state": "cancelled", "outcome": "cancelled"},
+    )
+    wait = during_wait.events[1]
+    assert (wait.step, wait.state, wait.fired) == (
+        "await-decision",
+        "cancelled",
+        {"why": "cancel", "at": "2030-01-09T12:00:00.000Z"},
+    )
+    assert [e.step for e in during_wait.events] == [
+        "request-review",
+        "await-decision",
+        "notify-cancelled",
+        "cancelled",
+    ]
+    # Two seconds in, while request-review waits for its third attempt (after 1 s, then 2 s).
+    between = _run(
+        answers={
+            "request-review": {"status": 503, "body": {"code": "service.unavailable"}},
+            "notify-cancelled": {"status": 202, "body": {"messageId": "m"}},
+        },
+        cancel={"step": "request-review", "afterSeconds": 2},
+        expect={"state": "cancelled"},
+    )
+    call = between.events[0]
+    assert [a["at"][17:19] for a in call.attempts] == ["00", "01"]
+    assert (call.state, call.ended_at) == ("cancelled", "2030-01-07T09:00:02.000Z")
+    assert between.end == {"state": "cancelled", "outcome": "cancelled"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        (
+            {"answers": _wait({"decision": {"outcome": "approved"}, "afterSeconds": -1})},
+            "answers.await-decision.afterSeconds: whole seconds, 0 to 315360000",
+        ),
+        (
+            {
+                "answers": _wait(
+                    {"decision": {"outcome": "a"}, "at": "2030-01-08T00:00:00Z", "afterSeconds": 1}
+                )
+            },
+            "answers.await-decision.afterSeconds: give at or afterSeconds, not both",
+        ),
+        (
+            {"answers": _wait({"decision": {"outcome": "a"}, "when": 3})},
+            "answers.await-decision.when: unknown key; use decision, at, afterSeconds",
+        ),
+        ({"cancel": {"at": "2020-01-01T00:00:00Z"}}, "cancel.at: before the run starts"),
+        (
+            {"cancel": {"step": "decide", "at": "2031-01-01T00:00:00Z"}},
+            "cancel.at: an instant stands alone; with a step use afterSeconds",
+        ),
+        (
+            {"cancel": {"at": "2031-01-01T00:00:00Z"}},
+            "cancel: the run ends before the cancel comes (2031-01-01T00:00:00.000Z)",
+        ),
+        (
+            {"expect": {"state": "completed"}},
+            "expect.state: one of succeeded, failed, cancelled, held, running",
+        ),
+        (
+            {"expect": {"state": "succeeded", "steps": {"decide": "done"}}},
+            "expect.steps.decide: one of completed, refused, failed, uncertain, cancelled, ready",
+        ),
+        (
+            {"expect": {"state": "succeeded", "steps": {"nope": "completed"}}},
+            "expect.steps.nope: the workflow has no step 'nope'",
+        ),
+        (
+            {"expect": {"state": "succeeded", "path": ["request-review", "nope"]}},
+            "expect.path[1]: the workflow has no step 'nope'",
+        ),
+    ],
+    ids=[
+        "negative-seconds",
+        "at-and-after",
+        "unknown-beside",
+        "cancel-before-start",
+        "cancel-step-and-at",
+        "cancel-after-the-end",
+        "run-state",
+        "step-state",
+        "step-id",
+        "path-step",
+    ],
+)
+def test_timed_events_and_expectations_no_run_can_meet_are_refused(
+    changes: dict[str, Any], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path, approval_script(**changes))
+    code, out, err = simulate_file(APPROVAL, script, capsys)
+    assert (code, out, err) == (2, "", f"coordinator.request.invalid: script: {line}\n")
+
+
+def test_the_path_and_each_steps_state_and_end_can_be_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expect = {
+        "state": "succeeded",
+        "path": ["request-review", "await-decision", "send-approval", "approved"],
+        "steps": {
+            "decide": {"state": "completed", "at": "2030-01-07T10:00:00Z"},
+            "send-rejection": "completed",
+        },
+    }
+    script = write_script(tmp_path, approval_script(expect=expect))
+    code, out, _ = simulate_file(APPROVAL, script, capsys)
+    assert code == 1
+    assert out.strip().splitlines()[-3:] == [
+        'expect.path: expected ["request-review", "await-decision", "send-approval", "approved"], '
+        'the run took ["request-review", "await-decision", "decide", "send-approval", '
+        '"approved"] (first difference at [2])',
+        "expect.steps.decide.at: expected 2030-01-07T10:00:00Z, the step ended at "
+        "2030-01-07T09:00:00.000Z",
+        'expect.steps.send-rejection: expected "completed", the run never reached it',
+    ]
+
+
+def test_the_json_trace_carries_each_decision_as_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = APPROVAL / "simulations" / "approved-after-retry.yaml"
+    code, out, _ = simulate_file(APPROVAL, script, capsys, "--output", "json")
+    assert code == 0
+    path = {entry["step"]: entry for entry in json.loads(out)["path"]}
+    assert "note" not in json.dumps(path)
+    first = path["request-review"]["attempts"][0]
+    assert first["nextAttemptAt"] == "2030-01-07T09:00:01.000Z"
+    assert path["request-review"]["kept"] == {"reviewId": "rev-1"}
+    assert path["decide"]["branch"] == 0 and path["decide"]["next"] == "send-approval"
+    assert path["decide"]["read"] == {"${steps.await-decision.outcome}": "approved"}
+    assert path["await-decision"]["fired"]["why"] == "decision"
+    assert path["approved"]["outcome"] == "approved"
+    assert all("endedAt" in entry for entry in path.values())
