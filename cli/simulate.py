@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -35,8 +35,9 @@ from core.canonical import canonical_json
 from core.codes import Code
 from core.errors import CoordinatorError
 from core.execution import wait_for
-from core.execution.call import Built, answered
+from core.execution.call import Built, answered, direct
 from core.execution.classify import (
+    ACCEPTED,
     REFUSED,
     RETRYABLE,
     UNCERTAIN,
@@ -46,6 +47,7 @@ from core.execution.classify import (
     retry_delay,
 )
 from core.execution.onward import branch_taken
+from core.execution.operator import reconcile_unsupported, retry_same_refusal
 from core.execution.settlement import Failure, Settlement, misses_deadline
 from core.execution.steps import Decision, Reached, Send, Sleep, Watch, reached
 from core.execution.wait_until import came
@@ -58,7 +60,16 @@ from core.products.http import (
     UNREADABLE_ANSWER,
     ExchangeFailure,
 )
+from core.products.receipts import (
+    EXPIRED,
+    FOUND,
+    NOT_SEEN,
+    UNAVAILABLE,
+    Receipt,
+    classify_receipt,
+)
 from core.states import RunState, StepState
+from core.workflow.catalogue import connection_type
 from core.workflow.expr import Scope, predicate_refs, read_value
 from core.workflow.graph import CANCEL, START
 from core.workflow.model import (
@@ -93,7 +104,8 @@ FAILURE_CAUSES: Final = {
 """The ``noAnswer`` causes a script may give, and whether a byte can have left."""
 
 _MAX_ATTEMPTS: Final = 1000
-_SCRIPT_KEYS: Final = frozenset({"input", "startedAt", "answers", "cancel", "expect"})
+_SCRIPT_KEYS: Final = frozenset({"input", "startedAt", "answers", "cancel", "operator", "expect"})
+OPERATOR_ACTIONS: Final = ("reconcile", "retry-same", "cancel")
 _EXPECT_KEYS: Final = frozenset({"state", "outcome", "failure", "held", "steps", "path"})
 _END_STATES: Final = (
     RunState.SUCCEEDED,
@@ -190,6 +202,54 @@ class Script:
     waits: Mapping[str, WaitAnswer]
     cancel: CancelPlan | None
     expect: Mapping[str, Any]
+    operator: tuple[OperatorAction, ...] = ()
+    """What operators do while the run is held, in order."""
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """One operator action on a held run (CONTRACT §10): when it comes (from the moment
+    the run is held, at once unless timed), the receipt a reconcile reads, the answers a
+    retry-same's resend gets."""
+
+    action: str
+    timing: Timing | None
+    receipt: CallAnswer | None
+    answers: tuple[CallAnswer, ...]
+
+
+def _call_answers(value: Any, path: str) -> tuple[CallAnswer, ...]:
+    """One answer, or a list of them, one per attempt."""
+    if isinstance(value, list):
+        if not value:
+            raise _refuse(path, "at least one answer")
+        return tuple(_call_answer(v, f"{path}[{i}]") for i, v in enumerate(value))
+    return (_call_answer(value, path),)
+
+
+def _operator(value: Any) -> tuple[OperatorAction, ...]:
+    items = value if isinstance(value, list) else [value]
+    actions: list[OperatorAction] = []
+    for index, item in enumerate(items):
+        path = f"operator[{index}]" if isinstance(value, list) else "operator"
+        if not isinstance(item, dict) or item.get("action") not in OPERATOR_ACTIONS:
+            raise _refuse(
+                f"{path}.action" if isinstance(item, dict) else path,
+                "one of " + ", ".join(OPERATOR_ACTIONS),
+            )
+        action = item["action"]
+        allowed = {"action", "at", "afterSeconds"}
+        allowed |= {"receipt"} if action == "reconcile" else set()
+        allowed |= {"answer"} if action == "retry-same" else set()
+        unknown = sorted(set(item) - allowed)
+        if unknown:
+            raise _refuse(
+                f"{path}.{unknown[0]}", f"not for {action}; use " + ", ".join(sorted(allowed))
+            )
+        receipt = _call_answer(item["receipt"], f"{path}.receipt") if "receipt" in item else None
+        answers = _call_answers(item["answer"], f"{path}.answer") if "answer" in item else ()
+        actions.append(OperatorAction(action, _timing(item, path), receipt, answers))
+    return tuple(actions)
 
 
 def _call_answer(value: Any, path: str) -> CallAnswer:
@@ -347,13 +407,7 @@ def parse_script(workflow: Workflow, document: Any, run_input: Any = None) -> Sc
         if step is None:
             raise _refuse(path, f"the workflow has no step '{step_id}'")
         if isinstance(step, CallStep):
-            items = value if isinstance(value, list) else [value]
-            if not items:
-                raise _refuse(path, "at least one answer")
-            if isinstance(value, list):
-                calls[step.id] = tuple(_call_answer(v, f"{path}[{i}]") for i, v in enumerate(items))
-            else:
-                calls[step.id] = (_call_answer(value, path),)
+            calls[step.id] = _call_answers(value, path)
         elif isinstance(step, WaitForStep):
             answer = _wait_answer(value, path)
             if answer.decision is None and step.on_timeout is None:
@@ -367,7 +421,8 @@ def parse_script(workflow: Workflow, document: Any, run_input: Any = None) -> Sc
     cancel_at = cancel.timing.at if cancel is not None and cancel.timing is not None else None
     if cancel_at is not None and cancel_at < started:
         raise _refuse("cancel.at", "before the run starts")
-    return Script(run_input, started, calls, waits, cancel, expect)
+    operator = _operator(document["operator"]) if "operator" in document else ()
+    return Script(run_input, started, calls, waits, cancel, expect, operator)
 
 
 def read_script(workflow: Workflow, path: Path, input_file: Path | None = None) -> Script:
@@ -429,6 +484,8 @@ class Event:
     """How the step failed: ``{kind, failurePath?}``."""
     undecided: str | None = None
     """Why a step could not be decided (the exception's name)."""
+    operator: dict[str, Any] | None = None
+    """An operator's action on the held step: ``{action, at, receipt?, refused?, detail?}``."""
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "type": self.type, "at": self.at}
@@ -447,6 +504,7 @@ class Event:
             ("held", self.held),
             ("failure", self.failure),
             ("undecided", self.undecided),
+            ("operator", self.operator),
         ):
             if value is not None:
                 out[name] = value
@@ -517,6 +575,17 @@ def simulation_run_id(workflow_id: str, admission_key: bytes = SIMULATION_KEY) -
     return derive.run_id(admission_key, identity)
 
 
+@dataclass
+class Sent:
+    """A call's command as first made: resent as it is by a retry-same."""
+
+    send: Send
+    first_attempt_at: datetime
+    deadline_at: datetime
+    prepared: int = 0
+    """How many times the command was prepared (the retry delay counts them)."""
+
+
 class _Cancelled:
     """A wait or a retry the scripted cancel came during (the step is abandoned)."""
 
@@ -545,6 +614,11 @@ class _Run:
         self.reached: set[str] = set()
         self.used: dict[str, int] = {}
         self.taken: list[Taken] = []
+        self.sent: dict[str, Sent] = {}
+        self.actions_done = 0
+        """How many of the script's operator actions came."""
+        self.resend_used: dict[int, int] = {}
+        """Per retry-same action (by index), how many of its answers the resend used."""
         self.timed_out: set[str] = set()
         """The wait-for steps that ended by their timeout."""
         self.cancelling = False
@@ -585,7 +659,7 @@ class _Run:
 
     def send(self, send: Send, ev: Event) -> Settlement | dict[str, Any] | _Cancelled:
         """Answer a call's command from the script, as often as the dispatcher would send it."""
-        step, op = send.step, send.built.operation
+        step = send.step
         ev.request = _request_document(send.built)
         answers = self.script.calls.get(step.id)
         if answers is None:
@@ -593,12 +667,24 @@ class _Run:
                 f"answers.{step.id}", "the run reaches this call and the script does not answer it"
             )
         deadline_at = self.now + timedelta(seconds=step.deadline_seconds)
-        resent = False
-        prepared = 0
-        for _ in range(_MAX_ATTEMPTS):
-            prepared += 0 if resent else 1
-            answer = answers[min(len(answers) - 1, self.used.get(step.id, 0))]
+        self.sent[step.id] = Sent(send, self.now, deadline_at)
+
+        def take(index: int) -> CallAnswer:
             self.used[step.id] = self.used.get(step.id, 0) + 1
+            return answers[min(len(answers) - 1, index)]
+
+        return self.attempts(self.sent[step.id], ev, take)
+
+    def attempts(
+        self, sent: Sent, ev: Event, take: Callable[[int], CallAnswer]
+    ) -> Settlement | dict[str, Any] | _Cancelled:
+        """Send the command until an answer ends the step, holds it or a retry would miss
+        its deadline; ``take(n)`` gives the answer to the n-th exchange."""
+        step, op = sent.send.step, sent.send.built.operation
+        resent = False
+        for exchange in range(_MAX_ATTEMPTS):
+            sent.prepared += 0 if resent else 1
+            answer = take(exchange)
             result = answer.classified()
             attempt: dict[str, Any] = {"at": clock.timestamp(self.now), "answer": answer.describe()}
             attempt |= _classified_document(result)
@@ -614,8 +700,8 @@ class _Run:
             if result.result == UNCERTAIN:
                 return {"state": StepState.UNCERTAIN, "cause": result.cause or UNREADABLE_ANSWER}
             assert result.result == RETRYABLE
-            delay = retry_delay(prepared, jitter=lambda: 0.0)
-            if misses_deadline(deadline_at, self.now, delay):
+            delay = retry_delay(sent.prepared, jitter=lambda: 0.0)
+            if misses_deadline(sent.deadline_at, self.now, delay):
                 attempt["nextAttemptAt"] = None  # the deadline passes first
                 return Settlement.failing(Failure("deadline-exceeded"))
             next_at = self.now + timedelta(seconds=delay)
@@ -774,49 +860,147 @@ class _Run:
                 settled = self.sleep(decision, ev)
             else:
                 settled = decision
-            if isinstance(settled, _Cancelled):
-                following = self.cancel(ev)
-                if following is None:
-                    return {"state": str(RunState.CANCELLED)}
-                current = following
-                continue
-            if isinstance(settled, dict):
-                ev.state = settled["state"]
-                ev.held = {"cause": settled["cause"]}
-                return {"state": str(RunState.HELD), "held": {"step": current, **settled}}
-            ev.state = settled.state
-            ev.ended_at = clock.timestamp(self.now)
-            self.keep(current, settled, ev)
-            if settled.failure is not None:
-                self.take(current, FAILURE)
-                ev.failure = {"kind": settled.failure.kind}
-                if settled.failure.path is not None:
-                    ev.failure["failurePath"] = settled.failure.path
-                if self.cancelling:
-                    # A cancelled run ends cancelled even when its onCancel path fails
-                    # (CONTRACT §10.3): no failure, no outcome, as step_settle records it.
-                    return {"state": str(RunState.CANCELLED)}
-                failure = {"kind": settled.failure.kind, "step": current}
-                if settled.failure.path is not None:
-                    failure["failurePath"] = settled.failure.path
-                return {"state": str(RunState.FAILED), "failure": failure}
-            way = settled.way
-            if way is None:  # a finish: the run ends with its outcome
-                ev.outcome = settled.outcome
-                return self.finished(settled.outcome)
-            self.take_way_out(step, settled, ev)
-            for passed, _ in way.passed:
-                local = self.event(passed, StepState.COMPLETED)
-                local.ended_at = local.at
-                local_step = self.workflow.step(passed)
-                if isinstance(local_step, ChooseStep):
-                    self.take_choose(local_step, local)
-                else:
-                    local.outcome = way.outcome
-            if way.next_step is None:
-                return self.finished(way.outcome)
-            current = way.next_step
+            went = self.went(step, ev, settled)
+            if isinstance(went, dict):
+                return went
+            current = went
         raise _refuse("", "the run takes more steps than any checked workflow can")
+
+    def went(
+        self, step: Step, ev: Event, settled: Settlement | dict[str, Any] | _Cancelled
+    ) -> dict[str, Any] | str:
+        """Where the run goes once ``step`` came to ``settled``: the id of the step it
+        continues at, or its end."""
+        current = step.id
+        if isinstance(settled, _Cancelled):
+            following = self.cancel(ev)
+            return {"state": str(RunState.CANCELLED)} if following is None else following
+        if isinstance(settled, dict):
+            ev.state = settled["state"]
+            ev.held = {"cause": settled["cause"]}
+            return self.operate(step, settled)
+        ev.state = settled.state
+        ev.ended_at = clock.timestamp(self.now)
+        self.keep(current, settled, ev)
+        if settled.failure is not None:
+            self.take(current, FAILURE)
+            ev.failure = {"kind": settled.failure.kind}
+            if settled.failure.path is not None:
+                ev.failure["failurePath"] = settled.failure.path
+            if self.cancelling:
+                # A cancelled run ends cancelled even when its onCancel path fails
+                # (CONTRACT §10.3): no failure, no outcome, as step_settle records it.
+                return {"state": str(RunState.CANCELLED)}
+            failure = {"kind": settled.failure.kind, "step": current}
+            if settled.failure.path is not None:
+                failure["failurePath"] = settled.failure.path
+            return {"state": str(RunState.FAILED), "failure": failure}
+        way = settled.way
+        if way is None:  # a finish: the run ends with its outcome
+            ev.outcome = settled.outcome
+            return self.finished(settled.outcome)
+        self.take_way_out(step, settled, ev)
+        for passed, _ in way.passed:
+            local = self.event(passed, StepState.COMPLETED)
+            local.ended_at = local.at
+            local_step = self.workflow.step(passed)
+            if isinstance(local_step, ChooseStep):
+                self.take_choose(local_step, local)
+            else:
+                local.outcome = way.outcome
+        if way.next_step is None:
+            return self.finished(way.outcome)
+        return way.next_step
+
+    def operate(self, step: Step, held: dict[str, Any]) -> dict[str, Any] | str:
+        """The run is held at the call ``step`` (``held``: its state and cause): the
+        script's next operator action, if any, acts as recovery would (CONTRACT §10);
+        otherwise the run ends held."""
+        assert isinstance(step, CallStep)
+        state, cause = held["state"], held["cause"]
+        actions = self.script.operator
+        while self.actions_done < len(actions):
+            index = self.actions_done
+            action = actions[index]
+            self.actions_done += 1
+            if action.timing is not None:
+                self.now = max(self.now, action.timing.when(self.now))
+            ev = self.event(step.id, state)
+            ev.operator = {"action": action.action, "at": clock.timestamp(self.now)}
+            ev.held = {"cause": cause}
+            sent = self.sent[step.id]
+            op = sent.send.built.operation
+            kind = connection_type(self.workflow.connections[step.connection])
+            product = kind.product if kind is not None else step.connection
+            where = f"operator[{index}]" if len(actions) > 1 else "operator"
+            if action.action == "cancel":
+                # The held step stays as it is (its effect unknown); the run takes onCancel.
+                return self.cancel_held(ev, state)
+            if action.action == "reconcile":
+                if state != StepState.UNCERTAIN:
+                    ev.operator |= {"refused": "reconcile.refused"}
+                    continue
+                unsupported = reconcile_unsupported(op, product)
+                if unsupported is not None:
+                    ev.operator |= {"refused": "reconcile.unsupported", "detail": unsupported}
+                    continue
+                if action.receipt is None:
+                    raise _refuse(f"{where}.receipt", f"{product} is asked for a receipt")
+                receipt = _receipt(action.receipt)
+                ev.operator["receipt"] = receipt.kind
+                if receipt.kind == NOT_SEEN:
+                    state = ev.state = StepState.NOT_SENT
+                    continue
+                if receipt.kind != FOUND:
+                    refused = (
+                        "receipt.expired" if receipt.kind == EXPIRED else "service.unavailable"
+                    )
+                    ev.operator["refused"] = refused
+                    continue
+                found = Classified(ACCEPTED, "a receipt", response=receipt.body)
+                settlement = answered(self.workflow, self.scope, step, op, found, direct)
+                assert settlement is not None  # an accepted answer always ends the step
+                ev.held = None
+                return self.went(step, ev, settlement)
+            refusal = retry_same_refusal(
+                op,
+                product,
+                first_attempt_at=sent.first_attempt_at,
+                deadline_at=sent.deadline_at,
+                now=self.now,
+            )
+            if refusal is not None:
+                ev.operator |= {"refused": "retry.refused", "detail": refusal}
+                continue
+            if not action.answers:
+                raise _refuse(f"{where}.answer", "the command is resent and needs an answer")
+            ev.request = _request_document(sent.send.built)
+            ev.held = None
+            answers = action.answers
+
+            def take(exchange: int, answers: tuple[CallAnswer, ...] = answers) -> CallAnswer:
+                self.resend_used[self.actions_done - 1] = exchange + 1
+                return answers[min(len(answers) - 1, exchange)]
+
+            return self.went(step, ev, self.attempts(sent, ev, take))
+        return {"state": str(RunState.HELD), "held": {"step": step.id, **held, "state": state}}
+
+    def cancel_held(self, ev: Event, state: str) -> dict[str, Any] | str:
+        """An operator cancels the held run: the held step keeps its state, and the run
+        takes onCancel or ends cancelled."""
+        self.cancelled = self.cancelling = True
+        ev.state = state
+        if self.workflow.on_cancel is None:
+            return {"state": str(RunState.CANCELLED)}
+        self.take(CANCEL, "onCancel")
+        return self.workflow.on_cancel
+
+
+def _receipt(answer: CallAnswer) -> Receipt:
+    """What reconcile makes of a scripted receipt read (:func:`classify_receipt`)."""
+    if answer.status is None:
+        return Receipt(UNAVAILABLE, f"no answer ({answer.no_answer})")
+    return classify_receipt(answer.status, answer.body)
 
 
 def _request_document(built: Built) -> dict[str, Any]:
@@ -865,6 +1049,15 @@ def simulate(
     for step_id in script.waits:
         if step_id not in run.used:
             raise _refuse(f"answers.{step_id}", "the run never uses this answer")
+    several = len(script.operator) > 1
+    for index, action in enumerate(script.operator):
+        where = f"operator[{index}]" if several else "operator"
+        if index >= run.actions_done:
+            raise _refuse(where, "the run is not held when this action would come")
+        used = run.resend_used.get(index, 0)
+        if action.answers and used < len(action.answers):
+            where += ".answer" + (f"[{used}]" if len(action.answers) > 1 else "")
+            raise _refuse(where, "the run never uses this answer")
     return Simulation(
         workflow, run.run_id, script.started_at, run.events, end, run.reached, run.used, run.taken
     )
@@ -954,6 +1147,16 @@ def _pairs(values: Mapping[str, Any]) -> str:
 def _event_lines(ev: Event) -> list[str]:
     """The lines of one step below its heading: every decision the step made."""
     lines: list[str] = []
+    if ev.operator is not None:
+        action = ev.operator
+        line = f"operator {action['action']} at {action['at']}"
+        if "receipt" in action:
+            line += f": receipt {action['receipt']}"
+        if "refused" in action:
+            line += f"; refused: {action['refused']}"
+            if "detail" in action:
+                line += f" ({action['detail']})"
+        lines.append(line)
     if ev.request is not None:
         req = ev.request
         lines.append(f"send    {req['method']} {req['url']}")

@@ -43,6 +43,7 @@ from core.codes import Code
 from core.errors import CoordinatorError
 from core.execution.call import answered, direct
 from core.execution.classify import ACCEPTED, Classified
+from core.execution.operator import reconcile_unsupported
 from core.payloads import build_scope
 from core.products.receipts import EXPIRED, FOUND, UNAVAILABLE, Receipt, read_receipt, receipt_url
 from core.states import Transition
@@ -105,13 +106,10 @@ async def reconcile(env: RecoveryEnv, run_id: str, reason: str) -> dict[str, Any
         binding_row = await queries.recovery_binding_read(
             conn, run_id=run_id, connection=call.definition.connection
         )
-    if not call.operation.has_receipts:
+    unsupported = reconcile_unsupported(call.operation, _product(call))
+    if unsupported is not None:
         await _leave_for_retry(env, run_id, step.step_id)
-        raise CoordinatorError(
-            Code.RECONCILE_UNSUPPORTED,
-            f"{_product(call)} keeps no receipts of {call.operation.name}; "
-            "retry the same command or cancel the run",
-        )
+        raise CoordinatorError(Code.RECONCILE_UNSUPPORTED, unsupported)
     if binding_row is None:
         # The stored run disagrees with itself; asking again later would not change that.
         raise CoordinatorError(

@@ -39,13 +39,13 @@ import asyncpg
 from core.codes import Code
 from core.db.statements import RecoveryStepPollRow
 from core.errors import CoordinatorError
+from core.execution.operator import retry_same_refusal
 from core.runs import VERDICT_WAIT_SECONDS
 from core.states import StepState, Transition
-from core.workflow.catalogue import DAY, connection_type
+from core.workflow.catalogue import connection_type
 from recovery.env import RecoveryEnv
 from recovery.targets import (
     RESENDABLE,
-    HeldCall,
     answer,
     held_call,
     in_transaction,
@@ -102,23 +102,6 @@ _REFUSALS: Final[dict[Transition, Callable[[], CoordinatorError]]] = {
 }
 
 
-def _window(seconds: int) -> str:
-    if seconds % DAY == 0 and seconds >= 2 * DAY:
-        return f"{seconds // DAY} days"
-    return f"{seconds // 3600} h"
-
-
-def _check_window(call: HeldCall, now_elapsed: float) -> None:
-    window = call.operation.retry_same_seconds
-    if now_elapsed > window:
-        kind = connection_type(call.connection_type)
-        product = kind.product if kind is not None else call.connection_type
-        raise _refused(
-            f"{product} keeps idempotency keys for {_window(window)} after the first attempt, "
-            "and that time has passed; resending now could act twice"
-        )
-
-
 async def retry_same(
     env: RecoveryEnv, run_id: str, reason: str, wait_seconds: float = WAIT_SECONDS
 ) -> dict[str, Any]:
@@ -145,10 +128,16 @@ async def retry_same(
     # Without a recorded first attempt (a step a restore-hold found leased but not prepared)
     # the step's start is the earliest the command can have gone out: counting from there
     # errs on the side of refusing.
-    first_attempt = step.first_attempt_at or step.started_at
-    _check_window(call, (run.now - first_attempt).total_seconds())
-    if step.deadline_at is not None and run.now >= step.deadline_at:
-        raise _refused("the step's deadline passed")
+    kind = connection_type(call.connection_type)
+    refusal = retry_same_refusal(
+        call.operation,
+        kind.product if kind is not None else call.connection_type,
+        first_attempt_at=step.first_attempt_at or step.started_at,
+        deadline_at=step.deadline_at,
+        now=run.now,
+    )
+    if refusal is not None:
+        raise _refused(refusal)
 
     async def make_ready(conn: asyncpg.Connection) -> int:
         row = await queries.recovery_step_retry_same(

@@ -502,3 +502,104 @@ def test_the_json_trace_carries_each_decision_as_fields(
     assert path["await-decision"]["fired"]["why"] == "decision"
     assert path["approved"]["outcome"] == "approved"
     assert all("endedAt" in entry for entry in path.values())
+
+
+# ------------------------------------------------------------------- operators after a hold
+
+LOST = {"status": 500}
+NOTICE = {"status": 202, "body": {"messageId": "msg-1"}}
+
+
+def _held_approval(operator: Any, **changes: Any) -> sim.Simulation:
+    answers = {**approval_script()["answers"], "send-approval": LOST}
+    changes.setdefault("expect", {"state": "held"})
+    return _run(answers=answers, operator=operator, **changes)
+
+
+def test_a_receipt_that_never_saw_the_key_leaves_the_call_not_sent_for_a_retry_same() -> None:
+    simulation = _held_approval(
+        [
+            {
+                "action": "reconcile",
+                "receipt": {"status": 404, "body": {"code": "receipt.not-found"}},
+            },
+            {"action": "retry-same", "afterSeconds": 60, "answer": NOTICE},
+        ],
+        expect={"state": "succeeded", "outcome": "approved"},
+    )
+    visits = [e for e in simulation.events if e.step == "send-approval"]
+    assert [(e.state, (e.operator or {}).get("action")) for e in visits] == [
+        ("uncertain", None),
+        ("not-sent", "reconcile"),
+        ("completed", "retry-same"),
+    ]
+    assert visits[1].operator == {
+        "action": "reconcile",
+        "at": "2030-01-07T09:00:00.000Z",
+        "receipt": "not-seen",
+    }
+    # The resend carries the same command under the same key.
+    assert visits[2].request == visits[0].request
+    assert simulation.end == {"state": "succeeded", "outcome": "approved"}
+
+
+def test_a_retry_same_outside_the_products_window_is_refused_and_the_run_stays_held() -> None:
+    week = 7 * 86_400
+    simulation = _held_approval({"action": "retry-same", "afterSeconds": week + 1})
+    last = simulation.events[-1]
+    assert last.operator is not None and last.operator["refused"] == "retry.refused"
+    assert "Messaging keeps idempotency keys for 7 days" in last.operator["detail"]
+    assert simulation.end == {
+        "state": "held",
+        "held": {"step": "send-approval", "state": "uncertain", "cause": "status-5xx"},
+    }
+
+
+def test_an_operators_cancel_of_a_held_run_takes_on_cancel_and_leaves_the_call_unknown() -> None:
+    answers = {
+        **approval_script()["answers"],
+        "send-approval": LOST,
+        "notify-cancelled": NOTICE,
+    }
+    simulation = _run(
+        answers=answers,
+        operator={"action": "cancel", "afterSeconds": 600},
+        expect={"state": "cancelled", "outcome": "cancelled"},
+    )
+    held = [e for e in simulation.events if e.step == "send-approval"]
+    assert [e.state for e in held] == ["uncertain", "uncertain"]
+    assert [e.step for e in simulation.events][-2:] == ["notify-cancelled", "cancelled"]
+    assert simulation.events[-2].at == "2030-01-07T09:10:00.000Z"
+
+
+@pytest.mark.parametrize(
+    ("operator", "line"),
+    [
+        ({"action": "undo"}, "operator.action: one of reconcile, retry-same, cancel"),
+        (
+            {"action": "cancel", "receipt": {"status": 200}},
+            "operator.receipt: not for cancel; use action, afterSeconds, at",
+        ),
+        ({"action": "reconcile"}, "operator.receipt: Messaging is asked for a receipt"),
+        ({"action": "retry-same"}, "operator.answer: the command is resent and needs an answer"),
+        (
+            [{"action": "retry-same", "answer": NOTICE}, {"action": "cancel"}],
+            "operator[1]: the run is not held when this action would come",
+        ),
+        (
+            {
+                "action": "retry-same",
+                "answer": [NOTICE, {"status": 202, "body": {"messageId": "m2"}}],
+            },
+            "operator.answer[1]: the run never uses this answer",
+        ),
+    ],
+    ids=["unknown", "receipt-for-cancel", "no-receipt", "no-answer", "unused", "unused-answer"],
+)
+def test_operator_actions_a_run_cannot_take_are_refused(
+    operator: Any, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = {**approval_script()["answers"], "send-approval": LOST}
+    document = approval_script(answers=answers, operator=operator, expect={"state": "succeeded"})
+    code, out, err = simulate_file(APPROVAL, write_script(tmp_path, document), capsys)
+    assert (code, out, err) == (2, "", f"coordinator.request.invalid: script: {line}\n")
