@@ -4,7 +4,7 @@ The simulator is not a second interpreter. Each step is decided by the code ever
 runs steps shares, :mod:`core.execution`: a call's command is mapped and its request built by
 :func:`core.execution.call.build_request` under the key :func:`core.derive.command_key`
 derives; the scripted answer is classified by :mod:`core.execution.classify` and settled by
-:func:`core.execution.call.answered` (retries by :func:`core.execution.classify.retry_delay`
+:func:`core.execution.call.answered` (retries by :func:`core.execution.classify.retry_wait`
 and :func:`core.execution.settlement.misses_deadline`); a ``choose`` and the local steps
 after a settled step go through :mod:`core.execution.onward`; a ``wait-for`` reads its
 identity with :func:`core.execution.wait_for.identity_of`, its scripted decision through
@@ -44,7 +44,7 @@ from core.execution.classify import (
     Classified,
     classify_answer,
     classify_failure,
-    retry_delay,
+    retry_wait,
 )
 from core.execution.onward import branch_taken
 from core.execution.operator import reconcile_unsupported, retry_same_refusal
@@ -59,6 +59,7 @@ from core.products.http import (
     TIMEOUT_AFTER_SEND,
     UNREADABLE_ANSWER,
     ExchangeFailure,
+    retry_after_seconds,
 )
 from core.products.receipts import (
     EXPIRED,
@@ -143,19 +144,23 @@ class CallAnswer:
     status: int | None
     body: bytes
     no_answer: str | None = None
+    retry_after: str | None = None
+    """The answer's ``Retry-After`` header, when the script gives one."""
 
-    def classified(self) -> Classified:
-        """What the dispatcher's classification makes of it."""
+    def classified(self, now: datetime) -> Classified:
+        """What the dispatcher's classification makes of it (at ``now``, which an HTTP-date
+        in ``Retry-After`` is counted from)."""
         if self.no_answer is not None:
             failure = ExchangeFailure(self.no_answer, sent=FAILURE_CAUSES[self.no_answer])
             return classify_failure(failure)
         assert self.status is not None
-        return classify_answer(self.status, self.body)
+        return classify_answer(self.status, self.body, retry_after_seconds(self.retry_after, now))
 
     def describe(self) -> str:
         if self.no_answer is not None:
             return f"no answer ({self.no_answer})"
-        return f"{self.status} {self.body.decode('utf-8', 'replace')}".rstrip()
+        shown = f"{self.status} {self.body.decode('utf-8', 'replace')}".rstrip()
+        return shown + (f" (Retry-After: {self.retry_after})" if self.retry_after else "")
 
 
 @dataclass(frozen=True)
@@ -255,9 +260,9 @@ def _operator(value: Any) -> tuple[OperatorAction, ...]:
 def _call_answer(value: Any, path: str) -> CallAnswer:
     if not isinstance(value, dict):
         raise _refuse(path, "a call's answer is {status, body} or {noAnswer: <cause>}")
-    unknown = sorted(set(value) - {"status", "body", "noAnswer"})
+    unknown = sorted(set(value) - {"status", "body", "headers", "noAnswer"})
     if unknown:
-        raise _refuse(f"{path}.{unknown[0]}", "unknown key")
+        raise _refuse(f"{path}.{unknown[0]}", "unknown key; use status, body, headers, noAnswer")
     if "noAnswer" in value:
         cause = value["noAnswer"]
         if cause not in FAILURE_CAUSES or len(value) > 1:
@@ -273,7 +278,17 @@ def _call_answer(value: Any, path: str) -> CallAnswer:
         raw = body.encode()  # a body given as text is sent as it is (an unreadable one, say)
     else:
         raw = json.dumps(body).encode()
-    return CallAnswer(status, raw)
+    headers = value.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool)
+        for k, v in headers.items()
+    ):
+        raise _refuse(f"{path}.headers", "a mapping of header names to text")
+    unknown = sorted(name for name in headers if name.lower() != "retry-after")
+    if unknown:
+        raise _refuse(f"{path}.headers.{unknown[0]}", "only Retry-After changes what happens")
+    retry_after = next((str(v) for v in headers.values()), None)
+    return CallAnswer(status, raw, retry_after=retry_after)
 
 
 def _seconds(value: Any, path: str) -> int:
@@ -685,7 +700,7 @@ class _Run:
         for exchange in range(_MAX_ATTEMPTS):
             sent.prepared += 0 if resent else 1
             answer = take(exchange)
-            result = answer.classified()
+            result = answer.classified(self.now)
             attempt: dict[str, Any] = {"at": clock.timestamp(self.now), "answer": answer.describe()}
             attempt |= _classified_document(result)
             ev.attempts.append(attempt)
@@ -700,7 +715,7 @@ class _Run:
             if result.result == UNCERTAIN:
                 return {"state": StepState.UNCERTAIN, "cause": result.cause or UNREADABLE_ANSWER}
             assert result.result == RETRYABLE
-            delay = retry_delay(sent.prepared, jitter=lambda: 0.0)
+            delay = retry_wait(sent.prepared, result, jitter=lambda: 0.0)
             if misses_deadline(sent.deadline_at, self.now, delay):
                 attempt["nextAttemptAt"] = None  # the deadline passes first
                 return Settlement.failing(Failure("deadline-exceeded"))

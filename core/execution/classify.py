@@ -75,6 +75,8 @@ class Classified:
     cause: str | None = None
     """Why an uncertain result is uncertain (CONTRACT §8.4), or why a retryable one must be
     seen by an operator (``tls-refused``); None for the others."""
+    retry_after: float | None = None
+    """For a retryable answer (429, 503): the seconds its ``Retry-After`` asked to wait."""
 
     @property
     def cause_status(self) -> int | None:
@@ -98,8 +100,9 @@ def _problem_code(body: bytes) -> str | None:
     return None
 
 
-def classify_answer(status: int, body: bytes) -> Classified:
-    """Classify an HTTP answer by its status and body."""
+def classify_answer(status: int, body: bytes, retry_after: float | None = None) -> Classified:
+    """Classify an HTTP answer by its status and body; a retryable one keeps the seconds
+    its ``Retry-After`` asked for (:func:`retry_wait` honours them)."""
     if 200 <= status < 300:
         document = _json(body)
         if isinstance(document, dict):
@@ -111,11 +114,13 @@ def classify_answer(status: int, body: bytes) -> Classified:
             cause=UNREADABLE_ANSWER,
         )
     if status == 429:
-        return Classified(RETRYABLE, "429", status)
+        return Classified(RETRYABLE, "429", status, retry_after=retry_after)
     if status == 503:
         code = _problem_code(body)
         if code == RETRYABLE_PROBLEM:
-            return Classified(RETRYABLE, f"503 {RETRYABLE_PROBLEM}", status)
+            return Classified(
+                RETRYABLE, f"503 {RETRYABLE_PROBLEM}", status, retry_after=retry_after
+            )
         # A 503 from something else on the path (a proxy, a draining server) does not
         # promise that the product left the command alone.
         return Classified(UNCERTAIN, "503 without service.unavailable", status, cause=STATUS_5XX)
@@ -180,3 +185,20 @@ def retry_delay(
         raise ValueError("retries counts the retryable answers so far (at least 1)")
     base = min(cap, first * 2.0 ** min(retries - 1, 62))
     return float(min(cap, base * (1.0 + 0.25 * jitter())))
+
+
+def retry_wait(
+    retries: int,
+    result: Classified,
+    *,
+    first: float = RETRY_FIRST_SECONDS,
+    cap: float = RETRY_CAP_SECONDS,
+    jitter: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait before the next attempt after ``retries`` retryable answers, the last
+    of them ``result``: the backoff of :func:`retry_delay`, or longer when the product's
+    ``Retry-After`` asked for longer, never past ``cap`` (CONTRACT §9.3's five minutes)."""
+    delay = retry_delay(retries, first=first, cap=cap, jitter=jitter)
+    if result.retry_after is None:
+        return delay
+    return max(delay, min(float(cap), result.retry_after))

@@ -30,11 +30,13 @@ Nothing here logs, and no message holds a URL query, header, body or token.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import re
 import ssl
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
@@ -92,6 +94,27 @@ class Answer:
 
     status: int
     body: bytes
+    retry_after: str | None = None
+    """The ``Retry-After`` header as the product wrote it (:func:`retry_after_seconds`
+    reads it), when it sent one."""
+
+
+def retry_after_seconds(value: str | None, now: datetime) -> float | None:
+    """Seconds a ``Retry-After`` value asks to wait (RFC 9110 §10.2.3): delay-seconds, or an
+    HTTP-date counted from ``now``; None for no value or one that is neither (ignored, as a
+    client may)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit() and len(text) <= 10:
+        return float(int(text))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None  # an HTTP-date is always GMT; a date without a zone is not one
+    return max(0.0, (when - now).total_seconds())
 
 
 class Exchanger(Protocol):
@@ -275,6 +298,7 @@ class ProductHttp:
         parts: list[bytes] = []
         raw = kept = 0
         ended = False
+        retry_after: str | None = None
         while True:
             try:
                 event = framer.next_event()
@@ -293,6 +317,9 @@ class ProductHttp:
             if isinstance(event, h11.Response):
                 status = event.status_code
                 decoder = self._head(event)
+                retry_after = next(
+                    (v.decode("latin-1") for n, v in event.headers if n == b"retry-after"), None
+                )
             elif isinstance(event, h11.Data):
                 raw += len(event.data)
                 if raw > self._max_body:
@@ -307,7 +334,7 @@ class ProductHttp:
                     # Cut short, or more after the compressed stream's end (junk, a second
                     # gzip member): not the body the product meant, whatever it holds.
                     raise ExchangeFailure(UNREADABLE_ANSWER, sent=True)
-                return Answer(status, b"".join(parts))
+                return Answer(status, b"".join(parts), retry_after)
             else:  # ConnectionClosed before the answer ended
                 raise ExchangeFailure(CONNECTION_LOST, sent=True)
 

@@ -45,6 +45,7 @@ import ssl
 import time
 from typing import Any
 
+from core import clock
 from core.derive import command_key
 from core.errors import CoordinatorError
 from core.execution.adapters import (
@@ -62,11 +63,11 @@ from core.execution.classify import (
     classify_answer,
     classify_failure,
     retry_cause,
-    retry_delay,
+    retry_wait,
 )
 from core.execution.settlement import Failure, Settlement
 from core.execution.steps import Reached, Send, reached
-from core.products.http import UNREADABLE_ANSWER, ExchangeFailure
+from core.products.http import UNREADABLE_ANSWER, ExchangeFailure, retry_after_seconds
 from core.products.token_client import UNRECOGNISED
 from core.states import SentNothing, StepState
 from core.workflow.catalogue import Operation
@@ -115,7 +116,9 @@ async def _send(
             ),
             tls=tls,
         )
-        result = classify_answer(answer.status, answer.body)
+        result = classify_answer(
+            answer.status, answer.body, retry_after_seconds(answer.retry_after, clock.now())
+        )
     except ExchangeFailure as failure:
         result = classify_failure(failure)
     if result.result != NOT_SENDABLE:
@@ -266,8 +269,9 @@ async def _record(
     # A lost lease is logged by the settler, in one line that says whether a restore-hold
     # took it.
     if result.result == RETRYABLE:
-        delay = retry_delay(
+        delay = retry_wait(
             attempts,
+            result,
             first=env.settings.retry_first_seconds,
             cap=env.settings.retry_cap_seconds,
             jitter=env.jitter,

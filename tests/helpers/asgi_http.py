@@ -46,7 +46,7 @@ class AsgiHttp:
         except Exception:
             # A stand-in that drops the connection raises inside the app.
             raise ExchangeFailure(CONNECTION_LOST, sent=True) from None
-        return Answer(answer.status_code, answer.content)
+        return Answer(answer.status_code, answer.content, answer.headers.get("retry-after"))
 
     async def close(self) -> None:
         await self._client.aclose()

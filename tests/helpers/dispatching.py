@@ -188,10 +188,15 @@ WORKFLOWS: dict[str, bytes] = {
 
 
 class ScriptedProduct:
-    """A product that answers from a script: one (status, body) per request, the last one
-    repeated. It records every request (method, path, headers, body)."""
+    """A product that answers from a script: one (status, body) per request, or (status,
+    body, headers), the last one repeated. It records every request (method, path, headers,
+    body)."""
 
-    def __init__(self, *answers: tuple[int, bytes | dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        *answers: tuple[int, bytes | dict[str, Any]]
+        | tuple[int, bytes | dict[str, Any], dict[str, str]],
+    ) -> None:
         self.answers = deque(answers)
         self.requests: list[dict[str, Any]] = []
 
@@ -207,8 +212,9 @@ class ScriptedProduct:
                 "body": body,
             }
         )
-        status, content = self.answers.popleft() if len(self.answers) > 1 else self.answers[0]
-        await send_answer(send, status, content)
+        answer = self.answers.popleft() if len(self.answers) > 1 else self.answers[0]
+        headers = answer[2] if len(answer) > 2 else {}
+        await send_answer(send, answer[0], answer[1], headers)
 
 
 async def read_body(receive: Any) -> bytes:
@@ -221,14 +227,21 @@ async def read_body(receive: Any) -> bytes:
             return body
 
 
-async def send_answer(send: Any, status: int, content: bytes | dict[str, Any]) -> None:
-    """Answer an ASGI HTTP request with ``status`` and a JSON body (bytes sent as they are)."""
+async def send_answer(
+    send: Any,
+    status: int,
+    content: bytes | dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Answer an ASGI HTTP request with ``status`` and a JSON body (bytes sent as they are),
+    and any more ``headers``."""
     raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+    more = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json")],
+            "headers": [(b"content-type", b"application/json"), *more],
         }
     )
     await send({"type": "http.response.body", "body": raw})

@@ -259,6 +259,31 @@ async def test_a_retryable_answer_is_retried_by_itself_and_processed_once(
     assert (await kit.step(run_id, "send"))["attempts"] == 2
 
 
+async def test_a_retry_waits_as_long_as_the_products_retry_after_asks_up_to_the_cap(
+    kit: DispatchKit, fake_clock: Callable[[datetime], None]
+) -> None:
+    busy = {"code": "service.unavailable"}
+    product = ScriptedProduct(
+        (503, busy, {"Retry-After": "20"}),
+        (429, {}, {"Retry-After": "3600"}),
+        (202, {"messageId": "m-1", "acceptedAt": "2027-03-01T08:00:00.000Z"}),
+    )
+    kit.product(product)
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice", {"applicantRef": "applicant-4"})
+    await dispatcher.drain()
+    send = await kit.step(run_id, "send")
+    # 20 s, not the 1-1.25 s of the first backoff.
+    assert (send["state"], (send["due_at"] - T0).total_seconds()) == ("ready", 20.0)
+
+    fake_clock(T0 + timedelta(seconds=20))
+    await dispatcher.drain()
+    send = await kit.step(run_id, "send")
+    # An hour asked, the five-minute cap kept; the deadline (60 s) then fails the run.
+    assert (send["state"], len(product.requests)) == ("failed", 2)
+    assert (await kit.run(run_id))["failure_kind"] == "deadline-exceeded"
+
+
 async def test_retries_end_at_the_deadline(
     kit: DispatchKit, fake_clock: Callable[[datetime], None]
 ) -> None:

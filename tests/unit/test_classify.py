@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from core.execution.classify import (
     classify_failure,
     retry_cause,
     retry_delay,
+    retry_wait,
 )
 from core.products.http import (
     ANSWER_TOO_LARGE,
@@ -32,6 +34,7 @@ from core.products.http import (
     UNREADABLE_ANSWER,
     UNSENDABLE,
     ExchangeFailure,
+    retry_after_seconds,
 )
 from core.states import RetryCause
 
@@ -234,3 +237,43 @@ def test_the_retry_causes_are_the_schemas_and_the_api_documents() -> None:
     api = yaml.safe_load((root / "docs" / "openapi.yaml").read_text())
     listed = api["components"]["schemas"]["Retry"]["properties"]["lastCause"]["enum"]
     assert set(listed) == {str(c) for c in RetryCause}
+
+
+NOW = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("120", 120.0),
+        (" 0 ", 0.0),
+        ("Mon, 07 Jan 2030 09:05:00 GMT", 300.0),
+        ("Mon, 07 Jan 2030 08:00:00 GMT", 0.0),  # a date already past: at once
+        ("-5", None),
+        ("1.5", None),
+        ("soon", None),
+        ("99999999999", None),
+        (None, None),
+    ],
+)
+def test_retry_after_is_delay_seconds_or_an_http_date(
+    value: str | None, seconds: float | None
+) -> None:
+    assert retry_after_seconds(value, NOW) == seconds
+
+
+def test_only_a_retryable_answer_keeps_its_retry_after() -> None:
+    assert classify_answer(429, b"", 120.0).retry_after == 120.0
+    assert classify_answer(503, problem("service.unavailable"), 30.0).retry_after == 30.0
+    assert classify_answer(503, problem("maintenance"), 30.0).retry_after is None
+    assert classify_answer(500, b"", 30.0).retry_after is None
+
+
+def test_retry_after_lengthens_the_wait_up_to_the_cap_and_never_shortens_it() -> None:
+    def wait(retries: int, result: Classified) -> float:
+        return retry_wait(retries, result, jitter=lambda: 0.0)
+
+    assert wait(1, classify_answer(429, b"")) == 1.0
+    assert wait(1, classify_answer(429, b"", 120.0)) == 120.0
+    assert wait(1, classify_answer(429, b"", 3600.0)) == 300.0
+    assert wait(9, classify_answer(429, b"", 2.0)) == 256.0

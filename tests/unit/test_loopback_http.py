@@ -32,3 +32,20 @@ async def test_a_dropped_connection_is_lost_on_the_wire_and_an_answer_arrives() 
         )
     assert (caught.value.cause, caught.value.sent) == (CONNECTION_LOST, True)
     assert (answer.status, answer.body) == (201, b'{"ok": true}')
+
+
+async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"120")]
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def test_the_real_client_keeps_the_answers_retry_after() -> None:
+    router = HostRouter({"busy.test": _busy, "answers.test": _answering})
+    async with loopback(router) as http:
+        busy = await http.exchange("POST", "http://busy.test/x", headers={}, body=b"{}", timeout=5)
+        plain = await http.exchange(
+            "POST", "http://answers.test/x", headers={}, body=b"{}", timeout=5
+        )
+    assert (busy.status, busy.retry_after) == (429, "120")
+    assert plain.retry_after is None

@@ -14,6 +14,7 @@ import yaml
 
 from cli import simulate as sim
 from core import derive
+from core.errors import CoordinatorError
 from core.workflow.check import check_source, check_source_dir
 from core.workflow.model import Workflow
 from tests.helpers.cli_run import run_cli
@@ -603,3 +604,25 @@ def test_operator_actions_a_run_cannot_take_are_refused(
     document = approval_script(answers=answers, operator=operator, expect={"state": "succeeded"})
     code, out, err = simulate_file(APPROVAL, write_script(tmp_path, document), capsys)
     assert (code, out, err) == (2, "", f"coordinator.request.invalid: script: {line}\n")
+
+
+def test_an_answers_headers_carry_only_retry_after() -> None:
+    workflow = approval()
+    busy = {"status": 503, "body": {"code": "service.unavailable"}, "headers": {"X-Trace": "1"}}
+    with pytest.raises(CoordinatorError) as caught:
+        sim.parse_script(workflow, approval_script(answers=_wait_answers(busy)))
+    assert caught.value.detail == (
+        "script: answers.request-review.headers.X-Trace: only Retry-After changes what happens"
+    )
+    asked = {**busy, "headers": {"retry-after": 30}}
+    answers = [asked, {"status": 201, "body": {"reviewId": "r"}}]
+    simulation = sim.simulate(
+        workflow, sim.parse_script(workflow, approval_script(answers=_wait_answers(answers)))
+    )
+    first = simulation.events[0].attempts[0]
+    assert first["answer"].endswith("(Retry-After: 30)")
+    assert first["nextAttemptAt"] == "2030-01-07T09:00:30.000Z"
+
+
+def _wait_answers(review: Any) -> dict[str, Any]:
+    return {**approval_script()["answers"], "request-review": review}
