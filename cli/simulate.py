@@ -407,10 +407,8 @@ def parse_script(workflow: Workflow, document: Any, run_input: Any = None) -> Sc
         run_input = document["input"]
     problems = validate_input(workflow.input_schema, run_input)
     if problems:
-        pointer, reason = problems[0]
-        raise CoordinatorError(
-            Code.INPUT_INVALID, f"the input does not fit the workflow: {pointer or '/'}: {reason}"
-        )
+        every = "; ".join(f"{pointer or '/'}: {reason}" for pointer, reason in problems)
+        raise CoordinatorError(Code.INPUT_INVALID, f"the input does not fit the workflow: {every}")
     answers = document.get("answers") or {}
     if not isinstance(answers, dict):
         raise _refuse("answers", "a mapping of step ids to answers")

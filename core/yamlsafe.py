@@ -112,7 +112,13 @@ def _check_keys(
                 raise error(path, f"line {key_node.start_mark.line + 1}: keys must be scalars")
             name = str(key_node.value)
             if name in seen:
-                raise error(key(path, name), "duplicate key")
+                mark = key_node.start_mark
+                first = positions.get(key(path, name))
+                earlier = f"; first at line {first[0]}" if first is not None else ""
+                raise error(
+                    key(path, name),
+                    f"duplicate key (line {mark.line + 1}, column {mark.column + 1}{earlier})",
+                )
             seen.add(name)
             positions.setdefault(key(path, name), _position(key_node))
             _check_keys(value_node, key(path, name), error, positions)

@@ -14,6 +14,8 @@ schema was refused. The first problem is raised as ``PackageInvalid``, carrying 
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,13 @@ def edge_path(step: Step, kind: str) -> str:
     return key(base, kind)
 
 
+def _no_step(target: str, names: Iterable[str]) -> str:
+    """The refusal of an edge to a step that does not exist, with the nearest step id when
+    one is close enough to be a misspelling of it."""
+    close = difflib.get_close_matches(target, list(names), n=1, cutoff=0.75)
+    return f"names no step '{target}'" + (f"; did you mean '{close[0]}'?" if close else "")
+
+
 def _check_targets(judge: _Judge) -> bool:
     """Whether the start, onCancel and every edge name a step (each that does not is kept)."""
     d = judge.draft
@@ -151,12 +160,12 @@ def _check_targets(judge: _Judge) -> bool:
     whole = not (names is None or d.start is FAILED or d.on_cancel is FAILED)
     for where, target in (("start", d.start), ("onCancel", d.on_cancel)):
         if isinstance(target, str) and names is not None and target not in names:
-            judge.add(where, f"names no step '{target}'")
+            judge.add(where, _no_step(target, names))
             whole = False
     for step in d.steps.values():
         for kind, target in step.edges():
             if names is not None and target not in names:
-                judge.add(edge_path(step, kind), f"names no step '{target}'")
+                judge.add(edge_path(step, kind), _no_step(target, names))
                 whole = False
         outcomes = d.outcomes
         if isinstance(step, FinishStep) and outcomes is not FAILED and step.outcome not in outcomes:
@@ -423,6 +432,18 @@ def _connection_type(
     return catalogue.connection_type(kind)
 
 
+def _typed(value: Any, actual: str) -> str:
+    """What has the wrong type, for a refusal: the value, or the one expression it is
+    (``${input.count} is an integer``), so the author knows which declaration to look at."""
+    whole = parse_template(value).whole if isinstance(value, str) else None
+    if whole is None:
+        return f"this value is {article(actual)}"
+    if whole.root == "input":
+        field = "/" + "/".join(whole.path)
+        return f"{whole.text} is {article(actual)}, as the input schema declares {field}"
+    return f"{whole.text} is {article(actual)}"
+
+
 def _fields(
     judge: _Refs,
     given: dict[str, Any],
@@ -455,9 +476,7 @@ def _fields(
         judge.values(value, where)
         actual = judge.static_type(value)
         if actual is not None and not type_fits(actual, spec.type):
-            judge.judge.add(
-                where, f"must be {article(spec.type)}, but this value is {article(actual)}"
-            )
+            judge.judge.add(where, f"must be {article(spec.type)}, but {_typed(value, actual)}")
     for spec in fields:
         if spec.required and spec.name not in given:
             judge.judge.add(key(path, spec.name), f"is missing: {owner} requires it")

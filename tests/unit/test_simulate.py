@@ -277,7 +277,7 @@ def test_a_wait_for_timeout_passes_the_whole_timeout() -> None:
         (
             {"input": {"applicationId": "x"}},
             "coordinator.input.invalid: the input does not fit the workflow: /applicantRef: is "
-            "required",
+            "required; /applicationId: does not match the required pattern",
         ),
     ],
     ids=[

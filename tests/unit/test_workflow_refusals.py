@@ -351,7 +351,13 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str, str]] = [
         "expression-of-wrong-type",
         _set(("steps", "notify", "call", "input", "recipientRef"), "${input.count}"),
         "steps.notify.call.input.recipientRef",
-        "must be a string, but this value is an integer",
+        "must be a string, but ${input.count} is an integer, as the input schema declares /count",
+    ),
+    (
+        "misspelt-step",
+        _set(("steps", "notify", "next"), "dnoe"),
+        "steps.notify.next",
+        "names no step 'dnoe'; did you mean 'done'?",
     ),
     (
         "connection-not-declared",

@@ -40,7 +40,7 @@ def test_refusals(text: str, words: str) -> None:
 def test_duplicate_key_names_its_path() -> None:
     error = refuse("outer:\n  list:\n    - {k: 1, k: 2}\n")
     assert error.path == "outer.list[0].k"
-    assert error.reason == "duplicate key"
+    assert error.reason == "duplicate key (line 3, column 14; first at line 3)"
 
 
 def test_timestamps_stay_strings() -> None:
