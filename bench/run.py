@@ -73,6 +73,7 @@ import yaml
 from bench.listing import list_at_scale
 from bench.procs import CpuMeter, Memory, component_processes, memory, rss_mib
 from bench.products import PLAIN, TLS, client_verify, make_tls, served, start_products, use_https
+from bench.profile import Profiler, profile_text
 from bench.raw import RawResult, measure, scratch_owner_note
 from bench.report import (
     POSTGRES_SETTINGS,
@@ -156,14 +157,16 @@ class Latency:
 
 
 def build_stack(
-    state: Path, durable: bool, products_tls: bool = False
+    state: Path, durable: bool, products_tls: bool = False, statement_statistics: bool = False
 ) -> tuple[PostgresServer, LocalStack]:
     """PostgreSQL under ``state`` (``durable`` as asked), the issuer, the Messaging stand-in
     (over HTTPS with a private root made for this run when ``products_tls``, see
     :mod:`bench.products`), the deployment applied with the real ``coordinatorctl``, and
     the all-in-one coordinator, ready."""
     built = build_package(WORKFLOW_SOURCE, state / "packages")
-    server = PostgresServer.start(state / "postgres", durable=durable)
+    server = PostgresServer.start(
+        state / "postgres", durable=durable, statement_statistics=statement_statistics
+    )
     stack: LocalStack | None = None
     try:
         stack = LocalStack.prepare(
@@ -509,11 +512,17 @@ class Bench:
 async def one_repeat(bench: Bench, args: argparse.Namespace, index: int) -> dict[str, Any]:
     """Throughput, memory, latency and peak memory once; the repeat's figures."""
     print(f"bench: repeat {index}: throughput, {args.runs} runs", flush=True)
+    launcher = bench.stack.processes["coordinator"].pid
+    profiler = None
+    if args.profile is not None and index == 1:
+        database = bench.server.default.database
+        profiler = Profiler(args.profile, bench.server, database, component_processes(launcher))
+        await profiler.begin()
     meter = CpuMeter(bench.server, bench.stack)
     meter.start()
     through = await bench.throughput(args.runs)
     cpu = meter.stop()
-    launcher = bench.stack.processes["coordinator"].pid
+    profiled = None if profiler is None else await profiler.end(args.runs)
     after_throughput = memory(launcher)
     print(
         f"bench: repeat {index}: latency, {args.rate:.0f} runs/s for {args.latency_seconds:.0f} s",
@@ -541,6 +550,7 @@ async def one_repeat(bench: Bench, args: argparse.Namespace, index: int) -> dict
         "latency": asdict(lat),
         "memory": [asdict(m) for m in mem],
         "cpu_seconds_during_throughput": cpu,
+        **({"profile": profiled} if profiled is not None else {}),
     }
 
 
@@ -799,6 +809,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--state", type=Path, default=STATE, help="state and logs (replaced at every run)"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results.json"))
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="profile the first throughput phase into DIR: PostgreSQL per statement "
+        "(pg_stat_statements) and each component by function (py-spy); see bench/profile.py",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -807,6 +825,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.held_runs < 0:
         parser.error("--held-runs must be 0 or more")
     args.state = args.state.resolve()
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
     return args
 
 
@@ -822,7 +842,9 @@ def main(argv: list[str] | None = None) -> None:
         f"(products: {mode}) in {args.state}",
         flush=True,
     )
-    server, stack = build_stack(args.state, args.durable, args.products_tls)
+    server, stack = build_stack(
+        args.state, args.durable, args.products_tls, statement_statistics=args.profile is not None
+    )
     stack_seconds = time.monotonic() - began
     try:
         bench = Bench(server, stack, args)
@@ -869,6 +891,9 @@ def main(argv: list[str] | None = None) -> None:
     results["goals"] = goal_verdicts(results)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(report(results))
+    profiled = results["repeats"][0].get("profile")
+    if profiled is not None:
+        print("\n".join(profile_text(profiled)))
     print(f"bench: results written to {args.out}")
 
 

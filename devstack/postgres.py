@@ -377,6 +377,7 @@ class PostgresServer:
         os_user: OsUser | None,
         durable: bool,
         max_connections: int,
+        statement_statistics: bool = False,
     ) -> None:
         self.bin_dir = bin_dir
         self.base_dir = base_dir
@@ -394,6 +395,7 @@ class PostgresServer:
         self._remove_base = remove_base
         self._durable = durable
         self._max_connections = max_connections
+        self._statement_statistics = statement_statistics
         self._running = False
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._default: DatabaseHandle | None = None
@@ -409,12 +411,14 @@ class PostgresServer:
         durable: bool = False,
         max_connections: int = 200,
         default_database: str | None = DEFAULT_DATABASE,
+        statement_statistics: bool = False,
     ) -> PostgresServer:
         """Create a cluster under ``workdir`` (default: a new temporary folder) and start it.
 
         ``durable=False`` turns off fsync, synchronous commit and full-page writes: a test
         setting that trades crash safety for speed. ``workdir`` is removed on stop only when
-        the harness made it.
+        the harness made it. ``statement_statistics`` preloads pg_stat_statements, counting
+        the statements inside functions too (the bench's ``--profile``).
         """
         bins = bin_dir or find_bin_dir()
         user = ensure_os_user() if os.geteuid() == 0 else None
@@ -433,6 +437,7 @@ class PostgresServer:
             os_user=user,
             durable=durable,
             max_connections=max_connections,
+            statement_statistics=statement_statistics,
         )
         atexit.register(server.stop)
         try:
@@ -695,6 +700,12 @@ class PostgresServer:
         if not self._durable:
             # Test setting: a crash of the test machine may corrupt this throw-away cluster.
             lines += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
+        if self._statement_statistics:
+            lines += [
+                "shared_preload_libraries = 'pg_stat_statements'",
+                "pg_stat_statements.track = all",
+                "pg_stat_statements.max = 5000",
+            ]
         path = self.data_dir / "coordinator.conf"
         path.write_text("\n".join(lines) + "\n", "utf-8")
         self._chown(path)

@@ -1,0 +1,248 @@
+"""``make bench``'s ``--profile DIR``: where the time of a throughput phase goes (issue 43).
+
+Over the first repeat's throughput phase:
+
+- **PostgreSQL, per statement.** The server runs with pg_stat_statements preloaded, counting
+  the statements inside the transition functions too (``pg_stat_statements.track = all``);
+  its counters are reset as the phase begins and read as it ends. ``statements.json`` holds
+  every statement with more than a trace of time; ``statements.txt`` the top ones by total
+  time, per run: calls, milliseconds, rows and shared buffers (hit, read, dirtied).
+- **Our processes, by function.** ``py-spy record`` samples each coordinator component
+  (dispatcher, gateway, admission, auditd, recovery) at 200 Hz without stopping it, and
+  writes its collapsed stacks to ``<component>.stacks``; ``<component>.txt`` lists the
+  functions with the most samples, where they were running (self) and under them (total).
+
+A profiled run costs more than a plain one (the sampling, the statement counters): its
+figures are for finding where the time goes, never for comparing with another run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from devstack.postgres import PostgresServer
+
+SAMPLE_RATE: Final = 200
+"""py-spy samples per second, per process."""
+COMPONENTS: Final = ("dispatcher", "gateway", "admission", "auditd", "recovery")
+TOP_STATEMENTS: Final = 25
+TOP_FUNCTIONS: Final = 30
+STOP_SECONDS: Final = 30.0
+
+_STATEMENTS: Final = """
+SELECT s.queryid::text AS id, s.toplevel, s.calls, s.total_exec_time, s.mean_exec_time,
+       s.rows, s.shared_blks_hit, s.shared_blks_read, s.shared_blks_dirtied,
+       s.shared_blks_written, s.wal_records, s.query
+  FROM pg_stat_statements s
+  JOIN pg_database d ON d.oid = s.dbid
+ WHERE d.datname = $1
+ ORDER BY s.total_exec_time DESC
+"""
+
+
+def py_spy() -> str:
+    """The py-spy executable beside this interpreter (the dev environment has it)."""
+    found = Path(sys.executable).with_name("py-spy")
+    if found.exists():
+        return str(found)
+    on_path = shutil.which("py-spy")
+    if on_path is None:
+        raise SystemExit("bench: --profile needs py-spy (pip install -e .[dev])")
+    return on_path
+
+
+@dataclass
+class Profiler:
+    """The profile of one phase; :meth:`begin` before it, :meth:`end` after it."""
+
+    out: Path
+    server: PostgresServer
+    database: str
+    components: Mapping[str, int]
+    """Component name -> pid."""
+    samplers: dict[str, subprocess.Popen[bytes]] | None = None
+
+    async def begin(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        conn = await self.server.superuser_connect(self.database)
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await conn.execute("SELECT pg_stat_statements_reset()")
+        finally:
+            await conn.close()
+        spy = py_spy()
+        self.samplers = {}
+        for name in COMPONENTS:
+            pid = self.components.get(name)
+            if pid is None:
+                continue
+            self.samplers[name] = subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    str(SAMPLE_RATE),
+                    "--nonblocking",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(self.out / f"{name}.stacks"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+
+    async def end(self, runs: int) -> dict[str, Any]:
+        """Stop the samplers, read the statements; the summary the report prints."""
+        for proc in (self.samplers or {}).values():
+            proc.send_signal(signal.SIGINT)  # py-spy writes its output on an interrupt
+        failed = []
+        for name, proc in (self.samplers or {}).items():
+            try:
+                _, err = proc.communicate(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if not (self.out / f"{name}.stacks").exists():
+                failed.append(f"{name}: {err.decode(errors='replace').strip()[-200:]}")
+        conn = await self.server.superuser_connect(self.database)
+        try:
+            rows = [dict(r) for r in await conn.fetch(_STATEMENTS, self.database)]
+        finally:
+            await conn.close()
+        statements = per_run(rows, runs)
+        (self.out / "statements.json").write_text(json.dumps(statements, indent=2) + "\n")
+        (self.out / "statements.txt").write_text("\n".join(statement_table(statements)) + "\n")
+        functions = {}
+        for name in self.samplers or {}:
+            stacks = self.out / f"{name}.stacks"
+            if stacks.exists():
+                top = top_functions(stacks.read_text(errors="replace"))
+                (self.out / f"{name}.txt").write_text("\n".join(function_table(name, top)) + "\n")
+                functions[name] = top[:5]
+        return {
+            "folder": str(self.out),
+            "statements": statements[:TOP_STATEMENTS],
+            "functions": functions,
+            "sampler_failures": failed,
+        }
+
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def per_run(rows: list[dict[str, Any]], runs: int) -> list[dict[str, Any]]:
+    """pg_stat_statements rows as figures per run, the statement text shortened to one
+    line; statements under a thousandth of a millisecond per run are left out."""
+    out = []
+    for row in rows:
+        total = float(row["total_exec_time"])
+        if total / runs < 0.001:
+            continue
+        out.append(
+            {
+                "id": row["id"],
+                "toplevel": bool(row["toplevel"]),
+                "calls_per_run": round(row["calls"] / runs, 2),
+                "ms_per_run": round(total / runs, 4),
+                "mean_ms": round(float(row["mean_exec_time"]), 4),
+                "rows_per_run": round(row["rows"] / runs, 2),
+                "buffers_per_run": {
+                    "hit": round(row["shared_blks_hit"] / runs, 1),
+                    "read": round(row["shared_blks_read"] / runs, 1),
+                    "dirtied": round(row["shared_blks_dirtied"] / runs, 1),
+                    "written": round(row["shared_blks_written"] / runs, 1),
+                },
+                "wal_records_per_run": round(row["wal_records"] / runs, 1),
+                "query": " ".join(str(row["query"]).split())[:300],
+            }
+        )
+    return out
+
+
+def statement_table(statements: list[dict[str, Any]]) -> list[str]:
+    """The top statements by time, as an aligned table (``statements.txt``)."""
+    top = statements[:TOP_STATEMENTS]
+    whole = sum(s["ms_per_run"] for s in statements if s["toplevel"])
+    lines = [
+        f"PostgreSQL time per run in top-level statements: {whole:.3f} ms "
+        "(nested ones are inside it, marked ' ')",
+        f"{'ms/run':>8} {'calls':>6} {'mean ms':>8} {'rows':>6} {'hit':>7} {'dirtied':>7}"
+        "  statement",
+    ]
+    for s in top:
+        mark = "*" if s["toplevel"] else " "
+        buffers = s["buffers_per_run"]
+        lines.append(
+            f"{s['ms_per_run']:>8.3f} {s['calls_per_run']:>6.2f} {s['mean_ms']:>8.4f} "
+            f"{s['rows_per_run']:>6.2f} {buffers['hit']:>7.1f} {buffers['dirtied']:>7.1f} "
+            f"{mark} {s['query'][:110]}"
+        )
+    return lines
+
+
+def top_functions(collapsed: str) -> list[dict[str, Any]]:
+    """From py-spy's collapsed stacks (``frame;frame;… count`` per line), the functions by
+    samples: ``self`` where they were running, ``total`` anywhere on the stack."""
+    own: Counter[str] = Counter()
+    under: Counter[str] = Counter()
+    samples = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        samples += count
+        frames = stack.split(";")
+        own[frames[-1]] += count
+        for frame in set(frames):
+            under[frame] += count
+    if samples == 0:
+        return []
+    return [
+        {
+            "function": name,
+            "self_percent": round(100.0 * own[name] / samples, 1),
+            "total_percent": round(100.0 * under[name] / samples, 1),
+        }
+        for name, _ in own.most_common(TOP_FUNCTIONS)
+    ]
+
+
+def function_table(component: str, top: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{component}: functions by samples where they ran (self) and under them (total)"]
+    lines.append(f"{'self %':>7} {'total %':>7}  function")
+    for entry in top:
+        lines.append(
+            f"{entry['self_percent']:>7.1f} {entry['total_percent']:>7.1f}  {entry['function']}"
+        )
+    return lines
+
+
+def profile_text(summary: Mapping[str, Any]) -> list[str]:
+    """The report's lines of a profiled run: the five costliest statements and functions."""
+    lines = [f"profile: written to {summary['folder']} (figures of a profiled run: not comparable)"]
+    for s in summary["statements"][:5]:
+        lines.append(
+            f"  {s['ms_per_run']:.3f} ms/run, {s['calls_per_run']:.2f} calls/run: {s['query'][:80]}"
+        )
+    for name, top in summary["functions"].items():
+        if top:
+            first = top[0]
+            lines.append(
+                f"  {name}: most samples in {first['function'][:70]} ({first['self_percent']} %)"
+            )
+    for failure in summary["sampler_failures"]:
+        lines.append(f"  sampler failed: {failure}")
+    return lines
