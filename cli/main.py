@@ -189,24 +189,26 @@ def workflow_simulate(
     workflow or the script is refused.
     """
     from cli import simulate as sim
+    from cli import simulation_report as report
+    from cli import simulation_script as script_file
     from core.workflow.check import check_source_dir
 
     g = _globals(ctx, output=output)
     try:
         workflow = check_source_dir(source)
-        parsed = sim.read_script(workflow, script, input_file)
+        parsed = script_file.read_script(workflow, script, input_file)
         simulation = sim.simulate(workflow, parsed)
     except CoordinatorError as exc:
         render.refusal(exc, g.output)
         raise typer.Exit(2) from None
     if g.output == "json":
-        document = sim.document(simulation, parsed.expect)
+        document = report.document(simulation, parsed.expect)
         render.emit_json(document)
         ok = document["asExpected"]
     else:
-        for line in sim.text(simulation, parsed.expect):
+        for line in report.text(simulation, parsed.expect):
             typer.echo(line)
-        ok = not sim.differences(parsed.expect, simulation)
+        ok = not report.differences(parsed.expect, simulation)
     if not ok:
         raise typer.Exit(1)
 

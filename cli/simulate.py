@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Final
 
+from cli.simulation_script import CallAnswer, Script, refuse
 from core import clock, derive
 from core.bindings import Binding
 from core.canonical import canonical_json
-from core.codes import Code
-from core.errors import CoordinatorError
 from core.execution import wait_for
 from core.execution.call import Built, answered, direct
 from core.execution.classify import (
@@ -42,8 +40,6 @@ from core.execution.classify import (
     RETRYABLE,
     UNCERTAIN,
     Classified,
-    classify_answer,
-    classify_failure,
     retry_wait,
 )
 from core.execution.onward import branch_taken
@@ -52,14 +48,7 @@ from core.execution.settlement import Failure, Settlement, misses_deadline
 from core.execution.steps import Decision, Reached, Send, Sleep, Watch, reached
 from core.execution.wait_until import came
 from core.products.http import (
-    ANSWER_TOO_LARGE,
-    CONNECTION_LOST,
-    FRAMING_VIOLATION,
-    NEVER_CONNECTED,
-    TIMEOUT_AFTER_SEND,
     UNREADABLE_ANSWER,
-    ExchangeFailure,
-    retry_after_seconds,
 )
 from core.products.receipts import (
     EXPIRED,
@@ -81,8 +70,6 @@ from core.workflow.model import (
     Workflow,
     step_kind,
 )
-from core.workflow.schema import is_rfc3339, validate_input
-from core.yamlsafe import load as load_yaml
 
 SIMULATION_KEY: Final = hashlib.sha256(b"registry-coordinator workflow simulate v1").digest()
 """The admission key of every simulation: public, fixed, never a deployment's."""
@@ -91,369 +78,9 @@ SIMULATION_SUBJECT: Final = "simulation"
 SIMULATION_IDEMPOTENCY_KEY: Final = "simulation"
 SIMULATION_PROFILE: Final = "simulation"
 """The ``profile`` (and Casework ``producer``) of every simulated connection."""
-DEFAULT_STARTED_AT: Final = "2030-01-07T09:00:00Z"
-"""When a simulated run starts unless the script's ``startedAt`` says otherwise."""
-
-FAILURE_CAUSES: Final = {
-    NEVER_CONNECTED: False,
-    TIMEOUT_AFTER_SEND: True,
-    CONNECTION_LOST: True,
-    UNREADABLE_ANSWER: True,
-    FRAMING_VIOLATION: True,
-    ANSWER_TOO_LARGE: True,
-}
-"""The ``noAnswer`` causes a script may give, and whether a byte can have left."""
 
 _MAX_ATTEMPTS: Final = 1000
-_SCRIPT_KEYS: Final = frozenset({"input", "startedAt", "answers", "cancel", "operator", "expect"})
-OPERATOR_ACTIONS: Final = ("reconcile", "retry-same", "cancel")
-_EXPECT_KEYS: Final = frozenset({"state", "outcome", "failure", "held", "steps", "path"})
-_END_STATES: Final = (
-    RunState.SUCCEEDED,
-    RunState.FAILED,
-    RunState.CANCELLED,
-    RunState.HELD,
-    RunState.RUNNING,
-)
-"""The states a simulated run can end in (``running``: a step that cannot be decided)."""
-_STEP_END_STATES: Final = (
-    StepState.COMPLETED,
-    StepState.REFUSED,
-    StepState.FAILED,
-    StepState.UNCERTAIN,
-    StepState.CANCELLED,
-    StepState.READY,
-)
-"""The states a step of a simulated run can be left in."""
-_TIMEOUT: Final = "timeout"
-_MAX_SECONDS: Final = 10 * 365 * 86_400
-
-
-def _refuse(path: str, reason: str) -> CoordinatorError:
-    where = f"script: {path}: " if path else "script: "
-    return CoordinatorError(Code.REQUEST_INVALID, f"{where}{reason}")
-
-
-# ------------------------------------------------------------------------------------ the script
-
-
-@dataclass(frozen=True)
-class CallAnswer:
-    """One scripted exchange of a call: an HTTP answer, or no answer at all."""
-
-    status: int | None
-    body: bytes
-    no_answer: str | None = None
-    retry_after: str | None = None
-    """The answer's ``Retry-After`` header, when the script gives one."""
-
-    def classified(self, now: datetime) -> Classified:
-        """What the dispatcher's classification makes of it (at ``now``, which an HTTP-date
-        in ``Retry-After`` is counted from)."""
-        if self.no_answer is not None:
-            failure = ExchangeFailure(self.no_answer, sent=FAILURE_CAUSES[self.no_answer])
-            return classify_failure(failure)
-        assert self.status is not None
-        return classify_answer(self.status, self.body, retry_after_seconds(self.retry_after, now))
-
-    def describe(self) -> str:
-        if self.no_answer is not None:
-            return f"no answer ({self.no_answer})"
-        shown = f"{self.status} {self.body.decode('utf-8', 'replace')}".rstrip()
-        return shown + (f" (Retry-After: {self.retry_after})" if self.retry_after else "")
-
-
-@dataclass(frozen=True)
-class Timing:
-    """When a scripted event happens: at an instant, or some seconds after the run reaches
-    the step it belongs to (for a cancel without a step: after the run starts)."""
-
-    at: datetime | None = None
-    after_seconds: int | None = None
-
-    def when(self, reached: datetime) -> datetime:
-        if self.at is not None:
-            return self.at
-        assert self.after_seconds is not None
-        return reached + timedelta(seconds=self.after_seconds)
-
-
-@dataclass(frozen=True)
-class WaitAnswer:
-    """The scripted end of a wait-for: a decision document (when it arrives, the moment the
-    run reaches the step unless timed), or ``timeout``."""
-
-    decision: Mapping[str, Any] | None
-    timing: Timing | None = None
-
-
-@dataclass(frozen=True)
-class CancelPlan:
-    """When an operator cancels the run: as it reaches ``step`` (before the step is worked
-    on), or at a time (``timing``: an instant, or seconds after the run reaches ``step``, or
-    after the run starts when no step is named)."""
-
-    step: str | None
-    timing: Timing | None = None
-
-
-@dataclass(frozen=True)
-class Script:
-    """A parsed simulation script."""
-
-    input: Any
-    started_at: datetime
-    calls: Mapping[str, tuple[CallAnswer, ...]]
-    waits: Mapping[str, WaitAnswer]
-    cancel: CancelPlan | None
-    expect: Mapping[str, Any]
-    operator: tuple[OperatorAction, ...] = ()
-    """What operators do while the run is held, in order."""
-
-
-@dataclass(frozen=True)
-class OperatorAction:
-    """One operator action on a held run (CONTRACT §10): when it comes (from the moment
-    the run is held, at once unless timed), the receipt a reconcile reads, the answers a
-    retry-same's resend gets."""
-
-    action: str
-    timing: Timing | None
-    receipt: CallAnswer | None
-    answers: tuple[CallAnswer, ...]
-
-
-def _call_answers(value: Any, path: str) -> tuple[CallAnswer, ...]:
-    """One answer, or a list of them, one per attempt."""
-    if isinstance(value, list):
-        if not value:
-            raise _refuse(path, "at least one answer")
-        return tuple(_call_answer(v, f"{path}[{i}]") for i, v in enumerate(value))
-    return (_call_answer(value, path),)
-
-
-def _operator(value: Any) -> tuple[OperatorAction, ...]:
-    items = value if isinstance(value, list) else [value]
-    actions: list[OperatorAction] = []
-    for index, item in enumerate(items):
-        path = f"operator[{index}]" if isinstance(value, list) else "operator"
-        if not isinstance(item, dict) or item.get("action") not in OPERATOR_ACTIONS:
-            raise _refuse(
-                f"{path}.action" if isinstance(item, dict) else path,
-                "one of " + ", ".join(OPERATOR_ACTIONS),
-            )
-        action = item["action"]
-        allowed = {"action", "at", "afterSeconds"}
-        allowed |= {"receipt"} if action == "reconcile" else set()
-        allowed |= {"answer"} if action == "retry-same" else set()
-        unknown = sorted(set(item) - allowed)
-        if unknown:
-            raise _refuse(
-                f"{path}.{unknown[0]}", f"not for {action}; use " + ", ".join(sorted(allowed))
-            )
-        receipt = _call_answer(item["receipt"], f"{path}.receipt") if "receipt" in item else None
-        answers = _call_answers(item["answer"], f"{path}.answer") if "answer" in item else ()
-        actions.append(OperatorAction(action, _timing(item, path), receipt, answers))
-    return tuple(actions)
-
-
-def _call_answer(value: Any, path: str) -> CallAnswer:
-    if not isinstance(value, dict):
-        raise _refuse(path, "a call's answer is {status, body} or {noAnswer: <cause>}")
-    unknown = sorted(set(value) - {"status", "body", "headers", "noAnswer"})
-    if unknown:
-        raise _refuse(f"{path}.{unknown[0]}", "unknown key; use status, body, headers, noAnswer")
-    if "noAnswer" in value:
-        cause = value["noAnswer"]
-        if cause not in FAILURE_CAUSES or len(value) > 1:
-            raise _refuse(f"{path}.noAnswer", f"one of {', '.join(sorted(FAILURE_CAUSES))}, alone")
-        return CallAnswer(None, b"", cause)
-    status = value.get("status")
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise _refuse(f"{path}.status", "an HTTP status, 100-599")
-    body = value.get("body")
-    if body is None:
-        raw = b""
-    elif isinstance(body, str):
-        raw = body.encode()  # a body given as text is sent as it is (an unreadable one, say)
-    else:
-        raw = json.dumps(body).encode()
-    headers = value.get("headers", {})
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool)
-        for k, v in headers.items()
-    ):
-        raise _refuse(f"{path}.headers", "a mapping of header names to text")
-    unknown = sorted(name for name in headers if name.lower() != "retry-after")
-    if unknown:
-        raise _refuse(f"{path}.headers.{unknown[0]}", "only Retry-After changes what happens")
-    retry_after = next((str(v) for v in headers.values()), None)
-    return CallAnswer(status, raw, retry_after=retry_after)
-
-
-def _seconds(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_SECONDS:
-        raise _refuse(path, f"whole seconds, 0 to {_MAX_SECONDS}")
-    return value
-
-
-def _timing(value: Mapping[str, Any], path: str) -> Timing | None:
-    """The ``at`` or ``afterSeconds`` beside an event, if either is given (not both)."""
-    if "at" in value and "afterSeconds" in value:
-        raise _refuse(f"{path}.afterSeconds", "give at or afterSeconds, not both")
-    if "at" in value:
-        return Timing(at=_instant(value["at"], f"{path}.at"))
-    if "afterSeconds" in value:
-        return Timing(after_seconds=_seconds(value["afterSeconds"], f"{path}.afterSeconds"))
-    return None
-
-
-def _wait_answer(value: Any, path: str) -> WaitAnswer:
-    if value == _TIMEOUT:
-        return WaitAnswer(None)
-    shape = "a wait-for's answer is {decision: {outcome: …}} (with at or afterSeconds) or timeout"
-    if not isinstance(value, dict) or "decision" not in value:
-        raise _refuse(path, shape)
-    unknown = sorted(set(value) - {"decision", "at", "afterSeconds"})
-    if unknown:
-        raise _refuse(f"{path}.{unknown[0]}", "unknown key; use decision, at, afterSeconds")
-    decision = value["decision"]
-    if not isinstance(decision, dict) or not isinstance(decision.get("outcome"), str):
-        raise _refuse(f"{path}.decision.outcome", "the decision's outcome, as text")
-    return WaitAnswer(decision, _timing(value, path))
-
-
-def _cancel_plan(workflow: Workflow, value: Any) -> CancelPlan | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = {"step": value}
-    if not isinstance(value, dict):
-        raise _refuse("cancel", "a step id, or {step?, at | afterSeconds}")
-    unknown = sorted(set(value) - {"step", "at", "afterSeconds"})
-    if unknown:
-        raise _refuse(f"cancel.{unknown[0]}", "unknown key; use step, at, afterSeconds")
-    step = value.get("step")
-    if step is not None and (not isinstance(step, str) or step not in workflow.steps):
-        where = "cancel" if set(value) == {"step"} else "cancel.step"
-        raise _refuse(where, "the id of a step the run is cancelled at")
-    timing = _timing(value, "cancel")
-    if step is None and timing is None:
-        raise _refuse("cancel", "a step id, or {step?, at | afterSeconds}")
-    if step is not None and timing is not None and timing.at is not None:
-        raise _refuse("cancel.at", "an instant stands alone; with a step use afterSeconds")
-    return CancelPlan(step, timing)
-
-
-def _expectation(workflow: Workflow, expect: Any) -> Mapping[str, Any]:
-    """``expect`` checked: the keys, a run state, the steps' states and the path named by
-    step ids the workflow has. A value no run can give is refused, not compared."""
-    if not isinstance(expect, dict) or "state" not in expect:
-        raise _refuse("expect", "required: at least the state the run ends in")
-    unknown = sorted(set(expect) - _EXPECT_KEYS)
-    if unknown:
-        raise _refuse(f"expect.{unknown[0]}", f"unknown key; use {', '.join(sorted(_EXPECT_KEYS))}")
-    if expect["state"] not in _END_STATES:
-        raise _refuse("expect.state", "one of " + ", ".join(_END_STATES))
-    steps = expect.get("steps")
-    if steps is not None:
-        if not isinstance(steps, dict) or not steps:
-            raise _refuse("expect.steps", "a mapping of step ids to states")
-        for step_id, wanted in steps.items():
-            path = f"expect.steps.{step_id}"
-            if step_id not in workflow.steps:
-                raise _refuse(path, f"the workflow has no step '{step_id}'")
-            state = wanted.get("state") if isinstance(wanted, dict) else wanted
-            if isinstance(wanted, dict):
-                extra = sorted(set(wanted) - {"state", "at"})
-                if extra:
-                    raise _refuse(f"{path}.{extra[0]}", "unknown key; use state, at")
-                if "at" in wanted:
-                    _instant(wanted["at"], f"{path}.at")
-            if state not in _STEP_END_STATES:
-                raise _refuse(
-                    f"{path}.state" if isinstance(wanted, dict) else path,
-                    "one of " + ", ".join(_STEP_END_STATES),
-                )
-    path_ids = expect.get("path")
-    if path_ids is not None:
-        if not isinstance(path_ids, list) or not path_ids:
-            raise _refuse("expect.path", "the ids of the steps the run takes, in order")
-        for index, step_id in enumerate(path_ids):
-            if step_id not in workflow.steps:
-                raise _refuse(f"expect.path[{index}]", f"the workflow has no step '{step_id}'")
-    return expect
-
-
-def _instant(value: Any, path: str) -> datetime:
-    if isinstance(value, datetime):  # YAML reads an unquoted timestamp as one
-        value = value.isoformat()
-    if not isinstance(value, str) or not is_rfc3339(value):
-        raise _refuse(path, "an RFC 3339 instant, such as 2030-01-07T09:00:00Z")
-    return clock.parse_instant(value)
-
-
-def parse_script(workflow: Workflow, document: Any, run_input: Any = None) -> Script:
-    """Check a script against ``workflow``; ``run_input`` (from ``--input-file``) replaces
-    the script's ``input``. Refusals name the script's key path."""
-    if not isinstance(document, dict):
-        raise _refuse("", "a script is a mapping with input, answers and expect")
-    unknown = sorted(set(document) - _SCRIPT_KEYS)
-    if unknown:
-        raise _refuse(unknown[0], "unknown key")
-    if run_input is None:
-        if "input" not in document:
-            raise _refuse("input", "required (or give --input-file)")
-        run_input = document["input"]
-    problems = validate_input(workflow.input_schema, run_input)
-    if problems:
-        every = "; ".join(f"{pointer or '/'}: {reason}" for pointer, reason in problems)
-        raise CoordinatorError(Code.INPUT_INVALID, f"the input does not fit the workflow: {every}")
-    answers = document.get("answers") or {}
-    if not isinstance(answers, dict):
-        raise _refuse("answers", "a mapping of step ids to answers")
-    calls: dict[str, tuple[CallAnswer, ...]] = {}
-    waits: dict[str, WaitAnswer] = {}
-    for step_id, value in answers.items():
-        path = f"answers.{step_id}"
-        step = workflow.steps.get(str(step_id))
-        if step is None:
-            raise _refuse(path, f"the workflow has no step '{step_id}'")
-        if isinstance(step, CallStep):
-            calls[step.id] = _call_answers(value, path)
-        elif isinstance(step, WaitForStep):
-            answer = _wait_answer(value, path)
-            if answer.decision is None and step.on_timeout is None:
-                raise _refuse(path, f"'{step.id}' has no timeoutSeconds: it cannot time out")
-            waits[step.id] = answer
-        else:
-            raise _refuse(path, f"'{step_id}' is a {step_kind(step)} step: nothing to answer")
-    cancel = _cancel_plan(workflow, document.get("cancel"))
-    expect = _expectation(workflow, document.get("expect"))
-    started = _instant(document.get("startedAt", DEFAULT_STARTED_AT), "startedAt")
-    cancel_at = cancel.timing.at if cancel is not None and cancel.timing is not None else None
-    if cancel_at is not None and cancel_at < started:
-        raise _refuse("cancel.at", "before the run starts")
-    operator = _operator(document["operator"]) if "operator" in document else ()
-    return Script(run_input, started, calls, waits, cancel, expect, operator)
-
-
-def read_script(workflow: Workflow, path: Path, input_file: Path | None = None) -> Script:
-    """Read and check a script file (and the input file that replaces its ``input``)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        raise _refuse("", f"{path}: cannot be read") from None
-    document = load_yaml(raw, lambda where, reason: _refuse(where, reason))
-    run_input = None
-    if input_file is not None:
-        try:
-            run_input = json.loads(input_file.read_bytes())
-        except OSError:
-            raise CoordinatorError(Code.REQUEST_INVALID, f"{input_file}: cannot be read") from None
-        except ValueError:
-            raise CoordinatorError(Code.REQUEST_INVALID, f"{input_file}: not JSON") from None
-    return parse_script(workflow, document, run_input)
+"""More attempts or steps than any checked workflow and script can take."""
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -676,7 +303,7 @@ class _Run:
         ev.request = _request_document(send.built)
         answers = self.script.calls.get(step.id)
         if answers is None:
-            raise _refuse(
+            raise refuse(
                 f"answers.{step.id}", "the run reaches this call and the script does not answer it"
             )
         deadline_at = self.now + timedelta(seconds=step.deadline_seconds)
@@ -722,7 +349,7 @@ class _Run:
             if self.cancel_within(next_at):
                 return CANCELLED
             self.now = next_at
-        raise _refuse(f"answers.{step.id}", f"more than {_MAX_ATTEMPTS} attempts")
+        raise refuse(f"answers.{step.id}", f"more than {_MAX_ATTEMPTS} attempts")
 
     def watch(self, watch: Watch, ev: Event) -> Settlement | _Cancelled:
         """Answer a wait-for's read from the script: a decision when it comes (at once unless
@@ -730,7 +357,7 @@ class _Run:
         step = watch.step
         answer = self.script.waits.get(step.id)
         if answer is None:
-            raise _refuse(
+            raise refuse(
                 f"answers.{step.id}",
                 "the run reaches this wait-for and the script does not answer it",
             )
@@ -765,7 +392,7 @@ class _Run:
         decision = {"decidedAt": clock.timestamp(self.now), **answer.decision}
         read = wait_for.interpret(200, canonical_json({"status": "decided", "decision": decision}))
         if read.kind != wait_for.DECIDED or read.result is None:
-            raise _refuse(f"answers.{step.id}.decision", f"not a decision ({read.reason})")
+            raise refuse(f"answers.{step.id}.decision", f"not a decision ({read.reason})")
         ev.fired = {"why": "decision", "at": clock.timestamp(self.now)}
         ev.decision = dict(read.result)
         return wait_for.decided(self.workflow, step, read.result)
@@ -877,7 +504,7 @@ class _Run:
             if isinstance(went, dict):
                 return went
             current = went
-        raise _refuse("", "the run takes more steps than any checked workflow can")
+        raise refuse("", "the run takes more steps than any checked workflow can")
 
     def went(
         self, step: Step, ev: Event, settled: Settlement | dict[str, Any] | _Cancelled
@@ -958,7 +585,7 @@ class _Run:
                     ev.operator |= {"refused": "reconcile.unsupported", "detail": unsupported}
                     continue
                 if action.receipt is None:
-                    raise _refuse(f"{where}.receipt", f"{product} is asked for a receipt")
+                    raise refuse(f"{where}.receipt", f"{product} is asked for a receipt")
                 receipt = _receipt(action.receipt)
                 ev.operator["receipt"] = receipt.kind
                 if receipt.kind == NOT_SEEN:
@@ -986,7 +613,7 @@ class _Run:
                 ev.operator |= {"refused": "retry.refused", "detail": refusal}
                 continue
             if not action.answers:
-                raise _refuse(f"{where}.answer", "the command is resent and needs an answer")
+                raise refuse(f"{where}.answer", "the command is resent and needs an answer")
             ev.request = _request_document(sent.send.built)
             ev.held = None
             answers = action.answers
@@ -1047,210 +674,30 @@ def simulate(
     end = run.run()
     for step_id in [*script.calls, *script.waits]:
         if step_id not in run.reached:
-            raise _refuse(f"answers.{step_id}", "the run never reaches this step")
+            raise refuse(f"answers.{step_id}", "the run never reaches this step")
     plan = script.cancel
     if plan is not None and not run.cancelled:
         if plan.step is not None and plan.step not in run.reached:
-            raise _refuse("cancel", f"the run never reaches '{plan.step}'")
+            raise refuse("cancel", f"the run never reaches '{plan.step}'")
         when = "" if run.cancel_due is None else f" ({clock.timestamp(run.cancel_due)})"
-        raise _refuse("cancel", f"the run ends before the cancel comes{when}")
+        raise refuse("cancel", f"the run ends before the cancel comes{when}")
     for step_id, answers in script.calls.items():
         used = run.used.get(step_id, 0)
         if used < len(answers):
             where = f"answers.{step_id}" + (f"[{used}]" if len(answers) > 1 else "")
-            raise _refuse(where, "the run never uses this answer")
+            raise refuse(where, "the run never uses this answer")
     for step_id in script.waits:
         if step_id not in run.used:
-            raise _refuse(f"answers.{step_id}", "the run never uses this answer")
+            raise refuse(f"answers.{step_id}", "the run never uses this answer")
     several = len(script.operator) > 1
     for index, action in enumerate(script.operator):
         where = f"operator[{index}]" if several else "operator"
         if index >= run.actions_done:
-            raise _refuse(where, "the run is not held when this action would come")
+            raise refuse(where, "the run is not held when this action would come")
         used = run.resend_used.get(index, 0)
         if action.answers and used < len(action.answers):
             where += ".answer" + (f"[{used}]" if len(action.answers) > 1 else "")
-            raise _refuse(where, "the run never uses this answer")
+            raise refuse(where, "the run never uses this answer")
     return Simulation(
         workflow, run.run_id, script.started_at, run.events, end, run.reached, run.used, run.taken
     )
-
-
-# ------------------------------------------------------------------------------------ the verdict
-
-
-def mismatches(expect: Mapping[str, Any], end: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Where the run's end differs from ``expect`` (only what ``expect`` names is compared)."""
-    out: list[str] = []
-    for name, wanted in expect.items():
-        if not prefix and name in ("steps", "path"):
-            continue  # about the way, not the end: see differences
-        got = end.get(name)
-        if isinstance(wanted, dict) and isinstance(got, dict):
-            out.extend(mismatches(wanted, got, f"{prefix}{name}."))
-        elif wanted != got:
-            out.append(
-                f"expect.{prefix}{name}: expected {_show(wanted)}, the run gave {_show(got)}"
-            )
-    return out
-
-
-def differences(expect: Mapping[str, Any], simulation: Simulation) -> list[str]:
-    """Where the run differs from ``expect``: its end, then its path, then its steps."""
-    out = mismatches(expect, simulation.end)
-    wanted_path = expect.get("path")
-    taken = [ev.step for ev in simulation.events]
-    if wanted_path is not None and list(wanted_path) != taken:
-        at = next(
-            (
-                i
-                for i, pair in enumerate(zip(wanted_path, taken, strict=False))
-                if len(set(pair)) > 1
-            ),
-            min(len(wanted_path), len(taken)),
-        )
-        out.append(
-            f"expect.path: expected {_show(list(wanted_path))}, the run took {_show(taken)} "
-            f"(first difference at [{at}])"
-        )
-    for step_id, wanted in (expect.get("steps") or {}).items():
-        where = f"expect.steps.{step_id}"
-        state = wanted["state"] if isinstance(wanted, dict) else wanted
-        last = next((ev for ev in reversed(simulation.events) if ev.step == step_id), None)
-        if last is None:
-            out.append(f"{where}: expected {_show(state)}, the run never reached it")
-            continue
-        if last.state != state:
-            out.append(f"{where}: expected {_show(state)}, the step ended {_show(last.state)}")
-        if isinstance(wanted, dict) and "at" in wanted:
-            instant = (
-                wanted["at"].isoformat() if isinstance(wanted["at"], datetime) else wanted["at"]
-            )
-            when = last.ended_at or last.at
-            if clock.parse_instant(instant) != clock.parse_instant(when):
-                out.append(f"{where}.at: expected {instant}, the step ended at {when}")
-    return out
-
-
-def _show(value: Any) -> str:
-    return "nothing" if value is None else json.dumps(value, ensure_ascii=False)
-
-
-def document(simulation: Simulation, expect: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON form (``--output json``)."""
-    wrong = differences(expect, simulation)
-    return {
-        "workflow": {"id": simulation.workflow.id, "version": simulation.workflow.version},
-        "runId": simulation.run_id,
-        "startedAt": clock.timestamp(simulation.started_at),
-        "path": [e.document() for e in simulation.events],
-        "end": simulation.end,
-        "asExpected": not wrong,
-        "mismatches": wrong,
-    }
-
-
-def _pairs(values: Mapping[str, Any]) -> str:
-    return ", ".join(
-        f"{name}={value if isinstance(value, str) else _show(value)}"
-        for name, value in values.items()
-    )
-
-
-def _event_lines(ev: Event) -> list[str]:
-    """The lines of one step below its heading: every decision the step made."""
-    lines: list[str] = []
-    if ev.operator is not None:
-        action = ev.operator
-        line = f"operator {action['action']} at {action['at']}"
-        if "receipt" in action:
-            line += f": receipt {action['receipt']}"
-        if "refused" in action:
-            line += f"; refused: {action['refused']}"
-            if "detail" in action:
-                line += f" ({action['detail']})"
-        lines.append(line)
-    if ev.request is not None:
-        req = ev.request
-        lines.append(f"send    {req['method']} {req['url']}")
-        lines.append(f"key     {req['key']}")
-        lines.append(f"command {json.dumps(req['body'], ensure_ascii=False, sort_keys=True)}")
-    for attempt in ev.attempts:
-        cause = f", cause {attempt['cause']}" if "cause" in attempt else ""
-        line = (
-            f"answer  {attempt['at']}  {attempt['answer']} -> {attempt['result']} "
-            f"({attempt['reason']}{cause})"
-        )
-        if "nextAttemptAt" in attempt:
-            following = attempt["nextAttemptAt"]
-            line += (
-                f"; next attempt {following}"
-                if following is not None
-                else "; no next attempt: the deadline comes first"
-            )
-        lines.append(line)
-    if ev.branch is not None:
-        branch = "otherwise" if ev.branch == "otherwise" else f"branch {ev.branch}"
-        lines.append(f"took    {branch} -> {ev.next}")
-        if ev.read:
-            lines.append(f"read    {_pairs(ev.read)}")
-    if ev.fired is not None:
-        why, at = ev.fired["why"], ev.fired["at"]
-        if why == "decision":
-            lines.append(f"fired   decision at {at}: {_pairs(ev.decision or {})}")
-        elif why == "timeout":
-            lines.append(f"fired   timeout at {at}")
-            if ev.ignored is not None:
-                lines.append(
-                    f"ignored the decision scripted for {ev.ignored['at']}: it comes after "
-                    "the timeout"
-                )
-        elif why == "due":
-            lines.append(f"fired   due at {at}")
-        else:
-            lines.append(f"fired   cancel at {at}: an operator cancels the run here")
-    if ev.kept:
-        lines.append(f"kept    {_pairs(ev.kept)}")
-    if ev.outcome is not None:
-        lines.append(f"outcome {ev.outcome}")
-    if ev.held is not None:
-        lines.append(
-            f"held    effect unknown (cause {ev.held['cause']}): never resent automatically; "
-            "an operator settles it"
-        )
-    if ev.failure is not None:
-        path = ev.failure.get("failurePath")
-        lines.append(f"failed  {ev.failure['kind']}" + (f" at {path}" if path else ""))
-    if ev.undecided is not None:
-        lines.append(f"the step cannot be decided ({ev.undecided})")
-    lines.append(f"state   {ev.state}" + (f" at {ev.ended_at}" if ev.ended_at else ""))
-    return lines
-
-
-def text(simulation: Simulation, expect: Mapping[str, Any]) -> list[str]:
-    """The readable form: the path step by step, the end, the verdict."""
-    wf = simulation.workflow
-    lines = [
-        f"simulating {wf.id} {wf.version}: run {simulation.run_id}, "
-        f"started {clock.timestamp(simulation.started_at)} (simulated time, simulation key)",
-    ]
-    for number, ev in enumerate(simulation.events, 1):
-        lines.append(f"{number:>3}  {ev.at}  {ev.step} ({ev.type})")
-        lines.extend(f"       {line}" for line in _event_lines(ev))
-    end = simulation.end
-    summary = f"end: {end['state']}"
-    if "outcome" in end:
-        summary += f", outcome {end['outcome']}"
-    if "failure" in end:
-        failure = end["failure"]
-        summary += f", failure {failure['kind']} at step {failure['step']}"
-        if "failurePath" in failure:
-            summary += f", failurePath {failure['failurePath'] or '(the whole command)'}"
-    if "held" in end:
-        summary += f" at step {end['held']['step']} (effect unknown, cause {end['held']['cause']})"
-    if "stuck" in end:
-        summary += f": step {end['stuck']} cannot be decided"
-    lines.append(summary)
-    wrong = differences(expect, simulation)
-    lines.extend(wrong or ["as expected"])
-    return lines

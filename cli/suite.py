@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from cli import simulate as sim
+from cli import simulation_report as report
+from cli import simulation_script as script_file
 from core.errors import CoordinatorError
 from core.workflow.graph import CANCEL, START, Highlight, graph_of, svg
 from core.workflow.graph_model import Edge
@@ -217,12 +219,12 @@ def run_suite(workflow: Workflow, scripts: Iterable[tuple[str, Path]]) -> Suite:
     suite = Suite(workflow)
     for name, path in scripts:
         try:
-            script = sim.read_script(workflow, path)
+            script = script_file.read_script(workflow, path)
             simulation = sim.simulate(workflow, script)
         except CoordinatorError as refused:
             suite.results.append(ScriptResult(name, False, refused=refused))
             continue
-        wrong = tuple(sim.differences(script.expect, simulation))
+        wrong = tuple(report.differences(script.expect, simulation))
         suite.results.append(ScriptResult(name, not wrong, None, wrong, simulation))
     return suite
 

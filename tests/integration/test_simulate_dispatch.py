@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from cli import simulate as sim
+from cli import simulation_script as scripts
 from devstack.postgres import DatabaseHandle
 from tests.helpers.dispatching import (
     FORMAT,
@@ -84,7 +85,7 @@ async def test_the_simulator_sends_what_the_dispatcher_sends(
         if r["method"] == "POST"
     ]
 
-    script = sim.parse_script(
+    script = scripts.parse_script(
         workflow,
         {
             "input": RUN_INPUT,

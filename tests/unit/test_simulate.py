@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cli import simulate as sim
+from cli import simulation_script as scripts
 from core import derive
 from core.errors import CoordinatorError
 from core.workflow.check import check_source, check_source_dir
@@ -140,7 +141,7 @@ def test_nothing_is_contacted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     workflow = approval()
-    simulation = sim.simulate(workflow, sim.parse_script(workflow, approval_script()))
+    simulation = sim.simulate(workflow, scripts.parse_script(workflow, approval_script()))
     assert simulation.end == {"state": "succeeded", "outcome": "approved"}
 
 
@@ -152,7 +153,10 @@ def test_keys_and_run_id_are_derived_as_a_deployment_derives_them() -> None:
     key = bytes(range(32))
     run_id = "0190c2a4-1111-8222-9333-444455556666"
     simulation = sim.simulate(
-        workflow, sim.parse_script(workflow, approval_script()), admission_key=key, run_id=run_id
+        workflow,
+        scripts.parse_script(workflow, approval_script()),
+        admission_key=key,
+        run_id=run_id,
     )
     assert [(c["step"], c["key"]) for c in simulation.commands] == [
         ("request-review", derive.command_key(key, run_id, "request-review")),
@@ -171,13 +175,15 @@ def test_a_401_is_sent_once_more_and_a_second_401_is_a_refusal() -> None:
         **answers,
         "request-review": [{"status": 401}, {"status": 201, "body": {"reviewId": "r"}}],
     }
-    simulation = sim.simulate(workflow, sim.parse_script(workflow, approval_script(answers=once)))
+    simulation = sim.simulate(
+        workflow, scripts.parse_script(workflow, approval_script(answers=once))
+    )
     assert simulation.end["state"] == "succeeded"
     assert [a["result"] for a in simulation.events[0].attempts] == ["refused", "accepted"]
 
     twice = {"request-review": [{"status": 401}, {"status": 401}]}
     script = approval_script(answers=twice, expect={"state": "failed"})
-    simulation = sim.simulate(workflow, sim.parse_script(workflow, script))
+    simulation = sim.simulate(workflow, scripts.parse_script(workflow, script))
     assert simulation.end == {
         "state": "failed",
         "failure": {"kind": "refused", "step": "request-review"},
@@ -192,7 +198,7 @@ def test_retries_back_off_without_jitter_until_the_deadline() -> None:
     script = approval_script(
         answers={"request-review": {"status": 429}}, expect={"state": "failed"}
     )
-    simulation = sim.simulate(workflow, sim.parse_script(workflow, script))
+    simulation = sim.simulate(workflow, scripts.parse_script(workflow, script))
     times = [a["at"][11:19] for a in simulation.events[0].attempts]
     # 1, 2, 4 … seconds apart; the next delay (256 s) would pass the 300-second deadline.
     assert times == ["09:00:00", "09:00:01", "09:00:03", "09:00:07", "09:00:15", "09:00:31",
@@ -206,7 +212,7 @@ def test_a_wait_for_timeout_passes_the_whole_timeout() -> None:
         "request-review": {"status": 201, "body": {"reviewId": "r"}},
         "await-decision": "timeout",
     }
-    script = sim.parse_script(workflow, approval_script(answers=answers))
+    script = scripts.parse_script(workflow, approval_script(answers=answers))
     simulation = sim.simulate(workflow, script)
     assert [e.step for e in simulation.events] == ["request-review", "await-decision", "expired"]
     assert simulation.events[-1].at == "2030-01-21T09:00:00.000Z"  # 14 days on
@@ -325,7 +331,7 @@ def test_a_refusal_under_json_output_is_json(
 
 def _run(**changes: Any) -> sim.Simulation:
     workflow = approval()
-    return sim.simulate(workflow, sim.parse_script(workflow, approval_script(**changes)))
+    return sim.simulate(workflow, scripts.parse_script(workflow, approval_script(**changes)))
 
 
 def _wait(decision: dict[str, Any]) -> dict[str, Any]:
@@ -610,14 +616,14 @@ def test_an_answers_headers_carry_only_retry_after() -> None:
     workflow = approval()
     busy = {"status": 503, "body": {"code": "service.unavailable"}, "headers": {"X-Trace": "1"}}
     with pytest.raises(CoordinatorError) as caught:
-        sim.parse_script(workflow, approval_script(answers=_wait_answers(busy)))
+        scripts.parse_script(workflow, approval_script(answers=_wait_answers(busy)))
     assert caught.value.detail == (
         "script: answers.request-review.headers.X-Trace: only Retry-After changes what happens"
     )
     asked = {**busy, "headers": {"retry-after": 30}}
     answers = [asked, {"status": 201, "body": {"reviewId": "r"}}]
     simulation = sim.simulate(
-        workflow, sim.parse_script(workflow, approval_script(answers=_wait_answers(answers)))
+        workflow, scripts.parse_script(workflow, approval_script(answers=_wait_answers(answers)))
     )
     first = simulation.events[0].attempts[0]
     assert first["answer"].endswith("(Retry-After: 30)")
