@@ -25,6 +25,8 @@ GOAL_P50_MS = 10.0
 GOAL_P99_MS = 30.0
 GOAL_TX_PER_TRANSITION = 3.0
 GOAL_RSS_MIB = 150.0
+GOAL_MACHINE_CPU_MS_PER_RUN = 6.0  # issue 43
+GOAL_POSTGRES_CPU_MS_PER_TRANSITION = 0.5  # issue 43
 GOAL_SCALE_RSS_GROWTH_MIB = 10.0
 # A claim may touch twice the buffers it touched before the waiting runs, plus this many:
 # a tiny claim gains an index level or a visibility-map page without the cost growing.
@@ -337,13 +339,16 @@ def list_goals(scale: Mapping[str, Any] | None) -> list[Goal]:
 
 
 def goals(results: Mapping[str, Any]) -> list[Goal]:
-    """Every goal of issue 11, judged on the medians, and the scale phase's (issues 11 and
-    24) for each size it seeded."""
+    """Every goal of issues 11 and 43, judged on the medians, and the scale phase's (issues
+    11 and 24) for each size it seeded."""
     m = results["median"]
     rps = float(m["runs_per_second"])
     lat = m["send_to_accepted_ms"]
     components = [x for x in m["memory"] if x["component"] != "launcher"]
     largest = max(components, key=lambda x: x["peak_mib"]) if components else None
+    cpu = m["cpu_ms_per_run"]
+    machine = float(cpu["machine (all processes)"])
+    postgres = float(cpu["postgres (all backends)"]) / STEPS_PER_RUN
     found = [
         Goal(
             "throughput",
@@ -386,6 +391,20 @@ def goals(results: Mapping[str, Any]) -> list[Goal]:
             f"{largest['peak_mib']:.1f}" if largest else "-",
             f"<= {GOAL_RSS_MIB:.0f} each",
             all(x["peak_mib"] <= GOAL_RSS_MIB for x in components) if components else None,
+        ),
+        Goal(
+            "machine_cpu",
+            "machine CPU per run (every process), ms",
+            f"{machine:.1f}",
+            f"<= {GOAL_MACHINE_CPU_MS_PER_RUN:.0f}",
+            machine <= GOAL_MACHINE_CPU_MS_PER_RUN,
+        ),
+        Goal(
+            "postgres_cpu",
+            "PostgreSQL CPU per step transition, ms",
+            f"{postgres:.2f}",
+            f"<= {GOAL_POSTGRES_CPU_MS_PER_TRANSITION}",
+            postgres <= GOAL_POSTGRES_CPU_MS_PER_TRANSITION,
         ),
     ]
     return found + scale_goals(results.get("scale")) + list_goals(results.get("scale"))

@@ -31,6 +31,8 @@ def repeat(
     p99: float = 25.0,
     rss: float = 60.0,
     peak: float = 70.0,
+    machine: float = 7.0,
+    postgres: float = 3.0,
 ) -> dict[str, Any]:
     """One repeat's figures as bench.run records them (500 runs)."""
     runs = 500
@@ -65,9 +67,9 @@ def repeat(
         "memory": memory,
         "cpu_seconds_during_throughput": {
             "dispatcher": 2.0,
-            "postgres (all backends)": 3.0,
+            "postgres (all backends)": postgres,
             "bench client": 1.0,
-            "machine (all processes)": 7.0,
+            "machine (all processes)": machine,
             "other work on the machine": 0.5,
             "wall": runs / rps,
         },
@@ -246,7 +248,8 @@ def test_medians_refuse_no_repeats() -> None:
 
 def test_every_goal_passes_on_figures_that_meet_them_exactly() -> None:
     found = results(
-        [repeat(rps=150.0, tx=3.0, p50=10.0, p99=30.0, peak=150.0)],
+        # (500 runs: 3 CPU-s is 6 ms a run; 1 s of PostgreSQL is 0.5 ms a transition)
+        [repeat(rps=150.0, tx=3.0, p50=10.0, p99=30.0, peak=150.0, machine=3.0, postgres=1.0)],
         # 80 % of 150 runs/s, p99 30 ms, RSS 80 -> 89.9 MiB, claim 12 -> 34 buffers.
         scaled=scale(
             size(100_000, rps=120.0, p99=30.0, rss=89.9, claim=34),
@@ -261,6 +264,8 @@ def test_every_goal_passes_on_figures_that_meet_them_exactly() -> None:
         "latency": True,
         "transactions": True,
         "rss": True,
+        "machine_cpu": True,
+        "postgres_cpu": True,
     }
     per_size = {
         f"scale_{goal}_{n}": True
@@ -282,10 +287,20 @@ def test_every_goal_passes_on_figures_that_meet_them_exactly() -> None:
         ({"p99": 30.1}, {"latency"}),
         ({"tx": 3.1}, {"transactions"}),
         ({"peak": 150.1}, {"rss"}),
+        ({"machine": 3.01}, {"machine_cpu"}),
+        ({"postgres": 1.01}, {"postgres_cpu"}),
     ],
 )
 def test_each_goal_misses_just_past_its_edge(figures: dict[str, float], missed: set[str]) -> None:
-    base = {"rps": 150.0, "tx": 3.0, "p50": 10.0, "p99": 30.0, "peak": 150.0}
+    base = {
+        "rps": 150.0,
+        "tx": 3.0,
+        "p50": 10.0,
+        "p99": 30.0,
+        "peak": 150.0,
+        "machine": 3.0,
+        "postgres": 1.0,
+    }
     found = results([repeat(**{**base, **figures})], scaled=scale(), raw_per_second=1200.0)
     assert {key for key, ok in verdicts_of(found).items() if ok is False} == missed
 
@@ -387,6 +402,8 @@ def test_the_report_prints_every_goal_with_its_figure_and_verdict() -> None:
         ),
         "DB transactions per step transition": ("11.8", "<= 3", "MISS"),
         "peak RSS, largest component": ("88.0", "<= 150 each", "PASS"),
+        "machine CPU per run (every process), ms": ("14.0", "<= 6", "MISS"),
+        "PostgreSQL CPU per step transition, ms": ("1.50", "<= 0.5", "MISS"),
         "100,000 waiting: burst of 200 ends, runs/s": ("141.0", "ends in time", "PASS"),
         "100,000 waiting: burst runs/s vs before seeding": ("94.0 %", ">= 80 % of 150.0", "PASS"),
         "100,000 waiting: start->first command p50/p99, ms": ("8.0 / 22.0", "p99 <= 30", "PASS"),
