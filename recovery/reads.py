@@ -556,6 +556,11 @@ async def metrics_text(store: Store) -> str:
                 [((), row.uncertain)],
             ),
             gauge(
+                "coordinator_retrying_steps",
+                "Call steps waiting for their next automatic attempt after a retryable answer.",
+                [((), row.retrying)],
+            ),
+            gauge(
                 "coordinator_holds",
                 "1 while the restore hold is set.",
                 [

@@ -229,6 +229,7 @@ def test_metrics_live_on_the_metrics_listener_only(running_stack: Running) -> No
         "coordinator_dispatch_jobs ",
         'coordinator_runs{state="succeeded"}',
         "coordinator_uncertain_steps",
+        "coordinator_retrying_steps",
         "coordinator_calls_total{",
         "coordinator_store_available",
         "coordinator_audit_ready",

@@ -535,15 +535,23 @@ def _samples(text: str) -> dict[str, float]:
 async def test_metrics_expose_store_gauges_without_identifying_labels(env: Served) -> None:
     await _shape_runs(env)
     await env.owner_execute("UPDATE {ns}.hold SET execution_hold = true")
+    # A fifth run whose call met a 503 and waits for its next automatic attempt.
+    retrying = (await start(env, "k-retrying")).run_id
+    await env.owner_execute(
+        "UPDATE {ns}.step SET retry_cause = 'status-503', retry_status = 503, "
+        "retry_last_at = {ns}.now(), retry_since = {ns}.now() WHERE run_id = $1",
+        retrying,
+    )
 
     text = await reads.metrics_text(env.store("recovery"))
     samples = _samples(text)
 
-    expected_runs = {"running": 2, "waiting": 1, "held": 1}
+    expected_runs = {"running": 3, "waiting": 1, "held": 1}
     for state in RUN_STATES:
         assert samples[f'coordinator_runs{{state="{state}"}}'] == expected_runs.get(state, 0)
     assert samples["coordinator_uncertain_steps"] == 1
-    assert samples["coordinator_dispatch_jobs"] == 1
+    assert samples["coordinator_retrying_steps"] == 1
+    assert samples["coordinator_dispatch_jobs"] == 2
     assert samples['coordinator_holds{hold="execution"}'] == 1
     assert samples['coordinator_holds{hold="admission"}'] == 0
     assert samples["coordinator_store_available"] == 1
