@@ -17,7 +17,7 @@ help:
 	@echo "make quickstart  build, start the local stack, run the approval workflow, stop"
 	@echo "make restore-rehearsal  back up a local deployment mid-flight, restore, recover"
 	@echo "make test        build and run every test"
-	@echo "make deploy-test compose.yaml and the systemd units run for real (root; part of make test)"
+	@echo "make deploy-test compose.yaml and the systemd units run for real (root; a step of .ci/run)"
 	@echo "make ha-test     the failover tier: a Patroni pair under the coordinator (root)"
 	@echo "make reliability-long  the reliability tier at full size: 10,000+ fuzzed requests, long chaos"
 	@echo "make lint        ruff and mypy --strict"
@@ -88,9 +88,9 @@ deploy-host: $(STAMP)
 	$(BIN)/python -m devstack.containers host
 
 deploy-test: $(STAMP) $(PG_STAMP) deploy-host wheel wheels
-	$(BIN)/python -m pytest tests/deploy_live $(PYTEST_ARGS)
+	COORDINATOR_DEPLOY_TIER=1 $(BIN)/python -m pytest tests/deploy_live $(PYTEST_ARGS)
 
-test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze deploy-host wheel wheels
+test: $(STAMP) $(PG_STAMP) $(OIDC_STAMP) $(BROWSER_STAMP) systemd-analyze wheel wheels
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The failover tier (tests/ha) runs a Patroni pair with etcd in network namespaces it makes

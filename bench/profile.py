@@ -11,6 +11,10 @@ Over the first repeat's throughput phase:
   (dispatcher, gateway, admission, auditd, recovery) at 200 Hz without stopping it, and
   writes its collapsed stacks to ``<component>.stacks``; ``<component>.txt`` lists the
   functions with the most samples, where they were running (self) and under them (total).
+  With ``--profile-native`` the C frames are sampled too: without them, time spent in C
+  (gRPC's core, asyncpg's protocol, TLS, the event loop) shows as the Python frame above it.
+  Native frames can only be read from a paused process, so that mode pauses each component
+  for every sample and slows it more.
 
 A profiled run costs more than a plain one (the sampling, the statement counters): its
 figures are for finding where the time goes, never for comparing with another run.
@@ -69,6 +73,9 @@ class Profiler:
     database: str
     components: Mapping[str, int]
     """Component name -> pid."""
+    native: bool = False
+    """Sample C frames too (py-spy ``--native``): gRPC's core, asyncpg's protocol, TLS and
+    the event loop show by name instead of as the Python frame that called them."""
     samplers: dict[str, subprocess.Popen[bytes]] | None = None
 
     async def begin(self) -> None:
@@ -93,7 +100,8 @@ class Profiler:
                     str(pid),
                     "--rate",
                     str(SAMPLE_RATE),
-                    "--nonblocking",
+                    # (native frames can only be read from a paused process)
+                    *(["--native"] if self.native else ["--nonblocking"]),
                     "--format",
                     "raw",
                     "--output",
@@ -192,9 +200,28 @@ def statement_table(statements: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+IDLE: Final = frozenset(
+    {
+        "epoll_wait",
+        "epoll_pwait",
+        "poll",
+        "ppoll",
+        "select",
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "sem_timedwait",
+        "nanosleep",
+        "clock_nanosleep",
+    }
+)
+"""Native leaf frames of a thread waiting for work (``--profile-native`` samples them, since
+a paused process's waiting threads are not told apart): left out of the counts."""
+
+
 def top_functions(collapsed: str) -> list[dict[str, Any]]:
     """From py-spy's collapsed stacks (``frame;frame;… count`` per line), the functions by
-    samples: ``self`` where they were running, ``total`` anywhere on the stack."""
+    samples: ``self`` where they were running, ``total`` anywhere on the stack. Samples of a
+    thread waiting in the kernel for work (:data:`IDLE`) are left out."""
     own: Counter[str] = Counter()
     under: Counter[str] = Counter()
     samples = 0
@@ -202,9 +229,11 @@ def top_functions(collapsed: str) -> list[dict[str, Any]]:
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
+        frames = stack.split(";")
+        if frames[-1].split(" (", 1)[0] in IDLE:
+            continue
         count = int(count_text)
         samples += count
-        frames = stack.split(";")
         own[frames[-1]] += count
         for frame in set(frames):
             under[frame] += count

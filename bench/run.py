@@ -516,7 +516,13 @@ async def one_repeat(bench: Bench, args: argparse.Namespace, index: int) -> dict
     profiler = None
     if args.profile is not None and index == 1:
         database = bench.server.default.database
-        profiler = Profiler(args.profile, bench.server, database, component_processes(launcher))
+        profiler = Profiler(
+            args.profile,
+            bench.server,
+            database,
+            component_processes(launcher),
+            native=args.profile_native,
+        )
         await profiler.begin()
     meter = CpuMeter(bench.server, bench.stack)
     meter.start()
@@ -816,6 +822,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="profile the first throughput phase into DIR: PostgreSQL per statement "
         "(pg_stat_statements) and each component by function (py-spy); see bench/profile.py",
+    )
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: sample the components' C frames too (py-spy --native)",
     )
     args = parser.parse_args(argv)
     if args.repeats < 1:

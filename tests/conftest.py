@@ -32,9 +32,16 @@ from devstack.postgres import (
 _database_numbers = itertools.count(1)
 
 HA_TIER_ENV = "COORDINATOR_HA_TIER"
-# The failover tier (tests/ha) is its own CI step, `make ha-test` (root, Patroni and etcd
-# from `make ha-host`): `make test` does not collect it, so it is never counted as skipped.
-collect_ignore = [] if os.environ.get(HA_TIER_ENV) == "1" else ["ha"]
+DEPLOY_TIER_ENV = "COORDINATOR_DEPLOY_TIER"
+# The failover tier (tests/ha) and the deploy tier (tests/deploy_live) are CI steps of their
+# own, `make ha-test` (root, Patroni and etcd from `make ha-host`) and `make deploy-test`
+# (root, a Docker daemon and images built here): each takes minutes, and `make test` stays
+# the quick default. `make test` does not collect them, so they are never counted as skipped.
+collect_ignore = [
+    tier
+    for tier, env in (("ha", HA_TIER_ENV), ("deploy_live", DEPLOY_TIER_ENV))
+    if os.environ.get(env) != "1"
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

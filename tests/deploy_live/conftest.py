@@ -1,8 +1,9 @@
 """The deploy tests' engine and images, made once per session (devstack/containers.py).
 
 They need root, Debian's docker.io and debootstrap, and the wheel and lock files in dist/:
-`make deploy-test` (and `make test`, which runs this tier too) provides all of them. Without
-them every test here fails with the one line that says what to run: none is skipped.
+`make deploy-test` (a step of `.ci/run`; `make test` leaves this tier out) provides all of
+them. Without them every test here fails with the one line that says what to run: none is
+skipped.
 """
 
 from __future__ import annotations

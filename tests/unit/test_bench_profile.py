@@ -50,6 +50,7 @@ def test_functions_are_ranked_by_samples_where_they_ran_and_under_them() -> None
             "main (a.py:1);run (a.py:5);settle (b.py:9) 6",
             "main (a.py:1);run (a.py:5);derive (c.py:2) 3",
             "main (a.py:1);idle (a.py:7) 1",
+            "main (a.py:1);run_forever (base_events.py:9);epoll_wait (libc.so.6) 40",
             "not a sample line",
         ]
     )
