@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
@@ -130,8 +131,9 @@ class Coverage:
     def steps(self) -> tuple[str, ...]:
         return tuple(self.workflow.steps)
 
-    @property
+    @cached_property
     def ways(self) -> tuple[Way, ...]:
+        """(Drawn once: the counts, the missing list and the picture all read it.)"""
         return ways_of(self.workflow)
 
     @property

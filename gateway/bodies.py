@@ -255,11 +255,6 @@ class ListParameters:
     """A search, with ``event_id``: the run this signed event started."""
     event_id: str | None = None
 
-    @property
-    def searching(self) -> bool:
-        """Whether this is a search (one page by id) rather than a filtered list."""
-        return bool(self.run_id_prefix or self.start_key or self.event_source)
-
 
 def _search_text(params: QueryParams, name: str) -> str | None:
     value = _single(params, name)

@@ -277,6 +277,22 @@ class ListFilter:
         )
 
 
+def _by_id(wanted: ListFilter) -> dict[str, Any]:
+    """The arguments a search by id and its count share: the scope and the prefix's range
+    (recovery_run_list_by_id, recovery_run_count_by_id)."""
+    assert wanted.id_prefix is not None
+    iss, sub = wanted.principal if wanted.principal is not None else (None, None)
+    id_from, id_below = derive.run_id_range(wanted.id_prefix)
+    return {
+        "workflow_ids": list(wanted.workflows),
+        "principal_iss": iss,
+        "principal_sub": sub,
+        "id_from": id_from,
+        "id_below": id_below,
+        "id_prefix": wanted.id_prefix,
+    }
+
+
 async def _page(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) -> list[Any]:
     """One more row than the page holds (it tells whether another page exists)."""
     iss, sub = wanted.principal if wanted.principal is not None else (None, None)
@@ -284,19 +300,7 @@ async def _page(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) -> 
     after_at = after.at if after else None
     after_run_id = after.run_id if after else None
     if wanted.id_prefix is not None:
-        id_from, id_below = derive.run_id_range(wanted.id_prefix)
-        return list(
-            await q.recovery_run_list_by_id(
-                conn,
-                workflow_ids=list(wanted.workflows),
-                principal_iss=iss,
-                principal_sub=sub,
-                id_from=id_from,
-                id_below=id_below,
-                id_prefix=wanted.id_prefix,
-                limit=wanted.limit,
-            )
-        )
+        return list(await q.recovery_run_list_by_id(conn, **_by_id(wanted), limit=wanted.limit))
     if wanted.needs_attention:
         attention_list = (
             q.recovery_run_list_attention_oldest
@@ -340,16 +344,8 @@ async def _total(conn: asyncpg.Connection, q: Statements, wanted: ListFilter) ->
     :data:`COUNTED_EXACTLY`, ``(estimate, True)`` past it."""
     iss, sub = wanted.principal if wanted.principal is not None else (None, None)
     if wanted.id_prefix is not None:
-        id_from, id_below = derive.run_id_range(wanted.id_prefix)
         counted = await q.recovery_run_count_by_id(
-            conn,
-            workflow_ids=list(wanted.workflows),
-            principal_iss=iss,
-            principal_sub=sub,
-            id_from=id_from,
-            id_below=id_below,
-            id_prefix=wanted.id_prefix,
-            counted_up_to=COUNTED_EXACTLY + 1,
+            conn, **_by_id(wanted), counted_up_to=COUNTED_EXACTLY + 1
         )
     elif wanted.needs_attention:
         counted = await q.recovery_run_count_attention(
