@@ -367,3 +367,95 @@ async def test_every_named_query_prepares_against_an_installed_namespace(
         identifiers = dict.fromkeys(words, "coordinator_probe")
         sql = queries.with_identifiers(name, **identifiers) if words else queries[name]
         await migrator.prepare(sql)
+
+
+# Rows that break one rule each, written straight to the table, and the rule the refusal
+# names. The value that breaks it (a made-up state, a run id) never appears in the message.
+BROKEN_ROWS = {
+    "a run state": (
+        "INSERT INTO {ns}.run (id, workflow_id, package_digest, principal_iss, principal_sub, "
+        "state) SELECT 'run-ok-1', workflow_id, package_digest, 'i', 's', 'finished' "
+        "FROM {ns}.run LIMIT 1",
+        "a run row breaks the rule: state is a run state",
+        "finished",
+    ),
+    "a run id": (
+        "INSERT INTO {ns}.run (id, workflow_id, package_digest, principal_iss, principal_sub) "
+        "SELECT 'run id!', workflow_id, package_digest, 'i', 's' FROM {ns}.run LIMIT 1",
+        "a run row breaks the rule: id is 1 to 64 id characters",
+        "run id!",
+    ),
+    "an ended run without its end": (
+        "UPDATE {ns}.run SET state = 'succeeded', outcome = 'done'",
+        "a run row breaks the rule: a run has ended_at exactly when it ended",
+        "succeeded",
+    ),
+    "a step state": (
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, state) "
+        "SELECT id, 'a-step', 1, 'call', 'sleeping' FROM {ns}.run",
+        "a step row breaks the rule: state is a step state",
+        "sleeping",
+    ),
+    "a step's seq": (
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type) "
+        "SELECT id, 'a-step', 0, 'call' FROM {ns}.run",
+        "a step row breaks the rule: seq > 0",
+        "a-step",
+    ),
+    "half a lease": (
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, lease_owner) "
+        "SELECT id, 'a-step', 1, 'call', 'dispatcher-x' FROM {ns}.run",
+        "a step row breaks the rule: a lease has an owner, an expiry and an epoch",
+        "dispatcher-x",
+    ),
+    "a command of a choose": (
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, command_key) "
+        "SELECT id, 'a-step', 1, 'choose', 'key-x' FROM {ns}.run",
+        "a step row breaks the rule: only a call has a command",
+        "key-x",
+    ),
+    "retrying without its record": (
+        "INSERT INTO {ns}.step (run_id, step_id, seq, step_type, cause) "
+        "SELECT id, 'a-step', 1, 'call', 'retrying' FROM {ns}.run",
+        "a step row breaks the rule: retrying has a retry record",
+        "a-step",
+    ),
+    "a short nonce": (
+        "INSERT INTO {ns}.payload (run_id, purpose, key_version, nonce, ciphertext) "
+        "SELECT id, 'input', 1, '\\x0102'::bytea, '\\x01'::bytea FROM {ns}.run",
+        "a payload row breaks the rule: a nonce has 12 bytes",
+        "0102",
+    ),
+    "a command of no step": (
+        "INSERT INTO {ns}.payload (run_id, purpose, key_version, nonce, ciphertext) "
+        "SELECT id, 'command', 1, '\\x000000000000000000000000'::bytea, '\\x01'::bytea "
+        "FROM {ns}.run",
+        "a payload row breaks the rule: only an input or an event belongs to no step",
+        "command",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_ROWS))
+async def test_a_row_that_breaks_a_tables_rule_is_refused_by_the_rules_name(
+    broken: str, deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    run_id = await insert_run(
+        deployment.database,
+        deployment.namespace,
+        "approval-notice",
+        checked.packages["approval-notice"].digest,
+    )
+    statement, rule, value = BROKEN_ROWS[broken]
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await migrator.execute(statement.format(ns=ns))
+    assert refused.value.message == rule
+    for shown in (refused.value.message, refused.value.detail or "", str(refused.value)):
+        assert value not in shown and run_id not in shown
+    # The row the statement would have written is not there; the run it read still is.
+    assert await migrator.fetchval(f"SELECT count(*) FROM {ns}.run") == 1
+    assert await migrator.fetchval(f"SELECT count(*) FROM {ns}.step") == 0
+    assert await migrator.fetchval(f"SELECT count(*) FROM {ns}.payload") == 0

@@ -52,15 +52,17 @@ BEGIN
     REVOKE ALL ON TYPE {{ns}}.settle_args, {{ns}}.binding_args, {{ns}}.start_args
       FROM PUBLIC, {{runtime}}, {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     GRANT USAGE ON SCHEMA {{ns}} TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
-    -- Every component may read the clock; every one that writes steps may evaluate the
-    -- rules about them (the step table's CHECK calls sent_nothing, so an insert needs it
-    -- too); the step transitions (transitions.sql) are the dispatcher's, and those of
+    -- Every component may read the clock; every one that writes runs, steps or payloads
+    -- may evaluate the rules about them (the CHECKs of those tables call run_rules,
+    -- step_rules and payload_rules, and step_rules calls sent_nothing, so an insert needs
+    -- them too); the step transitions (transitions.sql) are the dispatcher's, and those of
     -- operator mode (with what they call) recovery's, each run with the caller's own table
     -- grants; the rest are for triggers only.
     GRANT EXECUTE ON FUNCTION {{ns}}.now(), {{ns}}.state_key_versions_in_use()
        TO {{admission}}, {{dispatcher}}, {{recovery}}, {{audit}};
     GRANT EXECUTE ON FUNCTION {{ns}}.sent_nothing, {{ns}}.ready_attention,
-                              {{ns}}.step_wants_attention, {{ns}}.step_abandoned
+                              {{ns}}.step_wants_attention, {{ns}}.step_abandoned,
+                              {{ns}}.run_rules, {{ns}}.step_rules, {{ns}}.payload_rules
        TO {{admission}}, {{dispatcher}}, {{recovery}};
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,
