@@ -15,6 +15,16 @@ Over the first repeat's throughput phase:
   (gRPC's core, asyncpg's protocol, TLS, the event loop) shows as the Python frame above it.
   Native frames can only be read from a paused process, so that mode pauses each component
   for every sample and slows it more.
+- **PostgreSQL, by C function.** Where ``perf`` is on the path and may sample the whole
+  machine (root, or ``kernel.perf_event_paranoid`` at most 0), ``perf record`` samples every
+  CPU at 299 Hz with DWARF call stacks, and the samples of processes named ``postgres``
+  become ``postgres.stacks`` (collapsed, as py-spy's) and ``postgres.txt``: the server's
+  functions by samples where they ran and by samples under them. The second ranking is the
+  one that finds work a statement does before it runs: PostgreSQL rebuilding each CHECK
+  expression from its stored text for every statement that writes the table showed as 24 %
+  of the backends' samples under ``ExecConstraints``, which no statement counter can show.
+  ``postgres.perf.data`` stays for ``perf report -i``. Without perf the profile says so and
+  goes on.
 
 A profiled run costs more than a plain one (the sampling, the statement counters): its
 figures are for finding where the time goes, never for comparing with another run.
@@ -31,7 +41,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from devstack.postgres import PostgresServer
 
@@ -40,7 +50,16 @@ SAMPLE_RATE: Final = 200
 COMPONENTS: Final = ("dispatcher", "gateway", "admission", "auditd", "recovery")
 TOP_STATEMENTS: Final = 25
 TOP_FUNCTIONS: Final = 30
+TOP_SERVER_FUNCTIONS: Final = 80
+"""The server's ranking by samples under a function starts with the frames every backend
+has (its main loop, the portal, plpgsql's handler): it needs more lines to reach the work."""
 STOP_SECONDS: Final = 30.0
+PERF_RATE: Final = 299
+"""perf samples per second, per CPU."""
+PERF_STACK_BYTES: Final = 8192
+"""Bytes of each sampled thread's stack perf copies to unwind it (DWARF)."""
+POSTGRES: Final = "postgres"
+"""The process name (comm) of the server and every backend."""
 
 _STATEMENTS: Final = """
 SELECT s.queryid::text AS id, s.toplevel, s.calls, s.total_exec_time, s.mean_exec_time,
@@ -77,6 +96,9 @@ class Profiler:
     """Sample C frames too (py-spy ``--native``): gRPC's core, asyncpg's protocol, TLS and
     the event loop show by name instead of as the Python frame that called them."""
     samplers: dict[str, subprocess.Popen[bytes]] | None = None
+    server_sampler: subprocess.Popen[bytes] | None = None
+    server_skipped: str | None = None
+    """Why PostgreSQL's functions were not sampled (no perf), when they were not."""
 
     async def begin(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +132,65 @@ class Profiler:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
+        self._begin_server_sampler()
+
+    def _begin_server_sampler(self) -> None:
+        perf = shutil.which("perf")
+        if perf is None:
+            self.server_skipped = "postgres: not sampled (perf is not on the path)"
+            return
+        self.server_sampler = subprocess.Popen(
+            [
+                perf,
+                "record",
+                "--all-cpus",
+                "--freq",
+                str(PERF_RATE),
+                "--call-graph",
+                f"dwarf,{PERF_STACK_BYTES}",
+                "--output",
+                str(self.out / "postgres.perf.data"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def _end_server_sampler(self) -> list[dict[str, Any]] | str:
+        """Stop perf and write postgres.stacks and postgres.txt; the top functions by
+        samples where they ran, or why there are none."""
+        proc = self.server_sampler
+        if proc is None:
+            return self.server_skipped or "postgres: not sampled"
+        proc.send_signal(signal.SIGINT)  # perf writes its file out on an interrupt
+        try:
+            _, err = proc.communicate(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        data = self.out / "postgres.perf.data"
+        if not data.exists():
+            return f"postgres: perf failed: {err.decode(errors='replace').strip()[-200:]}"
+        script = subprocess.run(
+            ["perf", "script", "--input", str(data), "--comm", POSTGRES, "--fields", "comm,ip,sym"],
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+        collapsed = collapse_perf_script(script.stdout.decode(errors="replace"))
+        (self.out / "postgres.stacks").write_text(collapsed)
+        by_self = top_functions(collapsed)
+        by_total = top_functions(collapsed, rank="total", limit=TOP_SERVER_FUNCTIONS)
+        (self.out / "postgres.txt").write_text(
+            "\n".join(
+                [
+                    *function_table("postgres", by_self),
+                    "",
+                    *function_table("postgres, by samples under them", by_total),
+                ]
+            )
+            + "\n"
+        )
+        return by_self[:5]
 
     async def end(self, runs: int) -> dict[str, Any]:
         """Stop the samplers, read the statements; the summary the report prints."""
@@ -133,6 +214,11 @@ class Profiler:
         (self.out / "statements.json").write_text(json.dumps(statements, indent=2) + "\n")
         (self.out / "statements.txt").write_text("\n".join(statement_table(statements)) + "\n")
         functions = {}
+        server = self._end_server_sampler()
+        if isinstance(server, str):
+            failed.append(server)
+        else:
+            functions[POSTGRES] = server
         for name in self.samplers or {}:
             stacks = self.out / f"{name}.stacks"
             if stacks.exists():
@@ -218,10 +304,13 @@ IDLE: Final = frozenset(
 a paused process's waiting threads are not told apart): left out of the counts."""
 
 
-def top_functions(collapsed: str) -> list[dict[str, Any]]:
-    """From py-spy's collapsed stacks (``frame;frame;… count`` per line), the functions by
-    samples: ``self`` where they were running, ``total`` anywhere on the stack. Samples of a
-    thread waiting in the kernel for work (:data:`IDLE`) are left out."""
+def top_functions(
+    collapsed: str, rank: Literal["self", "total"] = "self", limit: int = TOP_FUNCTIONS
+) -> list[dict[str, Any]]:
+    """From collapsed stacks (``frame;frame;… count`` per line, py-spy's or
+    :func:`collapse_perf_script`'s), the functions by samples: ``self`` where they were
+    running, ``total`` anywhere on the stack, ranked by ``rank``. Samples of a thread waiting
+    in the kernel for work (:data:`IDLE`) are left out; the first ``limit`` are answered."""
     own: Counter[str] = Counter()
     under: Counter[str] = Counter()
     samples = 0
@@ -245,8 +334,27 @@ def top_functions(collapsed: str) -> list[dict[str, Any]]:
             "self_percent": round(100.0 * own[name] / samples, 1),
             "total_percent": round(100.0 * under[name] / samples, 1),
         }
-        for name, _ in own.most_common(TOP_FUNCTIONS)
+        for name, _ in (own if rank == "self" else under).most_common(limit)
     ]
+
+
+def collapse_perf_script(text: str, comm: str = POSTGRES) -> str:
+    """``perf script --fields comm,ip,sym`` output (a line naming the process, then one
+    line per frame, innermost first, then a blank line) as collapsed stacks, outermost
+    frame first, of the samples of processes named ``comm``; identical stacks are counted
+    once with their number. An address without a symbol is ``[unknown]``."""
+    counts: Counter[str] = Counter()
+    for block in text.split("\n\n"):
+        lines = [line for line in block.splitlines() if line.strip()]
+        if len(lines) < 2 or lines[0].split()[0] != comm:
+            continue
+        frames = []
+        for line in lines[1:]:
+            parts = line.split(None, 1)
+            symbol = parts[1] if len(parts) == 2 else "[unknown]"
+            frames.append(symbol.split(" (", 1)[0].split("+0x", 1)[0].strip() or "[unknown]")
+        counts[";".join(reversed(frames))] += 1
+    return "".join(f"{stack} {count}\n" for stack, count in counts.items())
 
 
 def function_table(component: str, top: list[dict[str, Any]]) -> list[str]:

@@ -44,6 +44,15 @@ from core.secrets import SecretResolver
 STORE_NOTICE_INTERVAL_SECONDS = 10.0
 # The all-in-one process shares 32 connections; each component's share of that budget.
 POOL_SIZES = {"admission": 6, "dispatcher": 14, "recovery": 6, "audit": 2}
+# The components that run statements per run plan them once per connection: PostgreSQL
+# would otherwise plan the dispatcher's claim afresh on every call (its LIMIT makes the
+# generic plan look dearer than each custom one, so it never switches; planning was a
+# quarter of a claim, issue 43), and likewise statements inside the transition functions
+# that read array arguments. tests/integration/test_plans_at_scale.py holds every named
+# query and transition function to its generic plan, so these are the plans it checked.
+# Recovery keeps PostgreSQL's choice: an operator's list is worth a plan for its values.
+GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
+GENERIC_PLAN_COMPONENTS = frozenset({"admission", "dispatcher"})
 
 
 def raw(code: str, detail: str = "") -> None:
@@ -141,6 +150,9 @@ class Store:
                     max_size=POOL_SIZES.get(self.component, 4),
                     setup_role=self.role,
                     admit=self._admit,
+                    server_settings=(
+                        GENERIC_PLANS if self.component in GENERIC_PLAN_COMPONENTS else None
+                    ),
                     label=RUNTIME_LABEL,
                 )
             except Exception as exc:

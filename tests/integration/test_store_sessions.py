@@ -71,3 +71,35 @@ async def test_a_released_connection_keeps_its_role_and_no_transaction(
             None,
             "",
         )
+
+
+@pytest.mark.parametrize(
+    ("component", "mode"),
+    [
+        ("dispatcher", "force_generic_plan"),
+        ("admission", "force_generic_plan"),
+        ("recovery", "auto"),
+    ],
+)
+async def test_the_per_run_components_plan_each_statement_once_per_connection(
+    kit: DispatchKit, component: str, mode: str
+) -> None:
+    store = Store(kit.runtime, component)
+    kit.stores.append(store)
+    await store.open()
+    async with store.connection() as conn:
+        assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == mode
+        # A statement whose LIMIT makes every custom plan look cheaper than the generic
+        # one: the dispatcher's and admission's sessions still keep one generic plan.
+        limited = await conn.prepare(f"SELECT step_id FROM {kit.ns}.step ORDER BY due_at LIMIT $1")
+        for _ in range(8):
+            await limited.fetch(2)
+        plans = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'SELECT step_id FROM%'"
+        )
+        assert plans is not None
+        if mode == "force_generic_plan":
+            assert (plans["generic_plans"], plans["custom_plans"]) == (8, 0)
+        else:
+            assert plans["custom_plans"] >= 5

@@ -3,7 +3,13 @@ functions by samples."""
 
 from __future__ import annotations
 
-from bench.profile import function_table, per_run, statement_table, top_functions
+from bench.profile import (
+    collapse_perf_script,
+    function_table,
+    per_run,
+    statement_table,
+    top_functions,
+)
 
 
 def _row(query: str, calls: int, total: float, *, toplevel: bool = True) -> dict[str, object]:
@@ -60,3 +66,50 @@ def test_functions_are_ranked_by_samples_where_they_ran_and_under_them() -> None
     assert top_functions("") == []
     lines = function_table("dispatcher", top)
     assert lines[2].split() == ["60.0", "60.0", "settle", "(b.py:9)"]
+
+
+PERF_SCRIPT = """postgres
+\t    55d0c6a1b2c3 ExecInterpExpr
+\t    55d0c6a1b2c4 ExecConstraints+0x1f
+\t    55d0c6a1b2c5 PostgresMain (/usr/lib/postgresql/bin/postgres)
+
+python3
+\t    7f00000000aa _PyEval_EvalFrameDefault
+
+postgres
+\t    55d0c6a1b2c6 pg_strtok
+\t    55d0c6a1b2c7 ExecConstraints
+\t    55d0c6a1b2c8 PostgresMain
+
+postgres
+\t    55d0c6a1b2c3 ExecInterpExpr
+\t    55d0c6a1b2c4 ExecConstraints
+\t    55d0c6a1b2c5 PostgresMain
+
+postgres
+\t    ffffffff8100
+\t    55d0c6a1b2c9 epoll_wait
+\t    55d0c6a1b2ca PostgresMain
+"""
+
+
+def test_perf_samples_of_the_server_are_collapsed_and_ranked_by_self_and_by_total() -> None:
+    collapsed = collapse_perf_script(PERF_SCRIPT)
+    # Only the server's samples, outermost frame first, offsets and libraries dropped,
+    # identical stacks counted once.
+    assert collapsed.splitlines() == [
+        "PostgresMain;ExecConstraints;ExecInterpExpr 2",
+        "PostgresMain;ExecConstraints;pg_strtok 1",
+        "PostgresMain;epoll_wait;[unknown] 1",
+    ]
+    by_self = top_functions(collapsed)
+    assert [(f["function"], f["self_percent"]) for f in by_self[:2]] == [
+        ("ExecInterpExpr", 50.0),
+        ("pg_strtok", 25.0),
+    ]
+    by_total = top_functions(collapsed, rank="total")
+    assert [(f["function"], f["total_percent"]) for f in by_total[:2]] == [
+        ("PostgresMain", 100.0),
+        ("ExecConstraints", 75.0),
+    ]
+    assert collapse_perf_script("") == ""
