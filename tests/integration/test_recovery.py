@@ -301,7 +301,9 @@ async def test_attention_since_begins_once_and_ends_with_attention(env: Served) 
     (row,) = await env.owner_fetch(since, run_id)
     assert row["attention_since"] is None
     # No statement may set it against attention.
-    with pytest.raises(Exception, match="breaks the rule: attention_since is set exactly with attention"):
+    with pytest.raises(
+        Exception, match="breaks the rule: attention_since is set exactly with attention"
+    ):
         await env.owner_execute("UPDATE {ns}.run SET attention_since = now() WHERE id = $1", run_id)
 
 
