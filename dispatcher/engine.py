@@ -118,7 +118,7 @@ class Dispatcher:
     def executed(self) -> int:
         """Steps this dispatcher finished working on (whatever the outcome), counting the
         local steps a settling statement recorded (see :mod:`core.execution.onward`)."""
-        return self._executed + self.settler.steps_done_inline
+        return self._executed + self.settler.steps_done_inline + self.settler.calls_chained
 
     @classmethod
     def from_store(
@@ -244,28 +244,29 @@ class Dispatcher:
     # ---------------------------------------------------------------------- one step
 
     async def _execute(self, claimed: Claimed, flight: Flight) -> None:
-        renewing = asyncio.create_task(self._renew(claimed))
+        renewing = asyncio.create_task(self._renew(claimed, flight))
         try:
             await self._run_step(claimed, flight)
         except asyncio.CancelledError:
-            await self._give_back(claimed, flight, 0.0)
+            await self._give_back(flight.step or claimed, flight, 0.0)
             raise
         except CoordinatorError as exc:
+            current = flight.step or claimed
             if exc.code == Code.SERVICE_UNAVAILABLE:
                 # Expected while the database is away: the store says so itself
                 # (``store-unavailable``, rate-limited); the step is only paused.
                 log.warning(
                     "step %s of run %s paused: the database cannot be reached; "
                     "it will be tried again",
-                    claimed.step_id,
-                    claimed.run_id,
+                    current.step_id,
+                    current.run_id,
                 )
             else:
-                _unexpected(claimed, exc)
-            await self._give_back(claimed, flight, self.settings.error_retry_seconds)
+                _unexpected(current, exc)
+            await self._give_back(current, flight, self.settings.error_retry_seconds)
         except Exception as exc:
-            _unexpected(claimed, exc)
-            await self._give_back(claimed, flight, self.settings.error_retry_seconds)
+            _unexpected(flight.step or claimed, exc)
+            await self._give_back(flight.step or claimed, flight, self.settings.error_retry_seconds)
         finally:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -314,16 +315,24 @@ class Dispatcher:
             # command as uncertain.
             log.warning("could not give back step %s of run %s", claimed.step_id, claimed.run_id)
 
-    async def _renew(self, claimed: Claimed) -> None:
+    async def _renew(self, claimed: Claimed, flight: Flight) -> None:
+        """Extend the lease of the step the execution works on (the call it went on to,
+        once it went on) every third of a lease, until the execution ends. A lost lease is
+        said once; the loop goes on, since the execution may yet go on to another call."""
         interval = self.settings.lease_seconds / 3
+        lost: Claimed | None = None
         while True:
             await asyncio.sleep(interval)
+            current = flight.step or claimed
+            if current is lost:
+                continue
             try:
-                if not await self.settler.renew(claimed, self.settings.lease_seconds):
+                renewed = await self.settler.renew(current, self.settings.lease_seconds)
+                if not renewed and (flight.step or claimed) is current:
+                    lost = current
                     log.warning(
-                        "lease on step %s of run %s was lost", claimed.step_id, claimed.run_id
+                        "lease on step %s of run %s was lost", current.step_id, current.run_id
                     )
-                    return
             except (CoordinatorError, OSError):
                 continue  # the store is away; the lease may still hold when it returns
 

@@ -32,6 +32,7 @@ from core.crypto import Keyring
 from core.db.statements import (
     DispatcherStepPrepareRow,
     DispatcherStepRetryRow,
+    DispatcherStepSettleChainRow,
     DispatcherStepSettleRow,
     DispatcherStepUncertainRow,
     DispatcherStepWaitRow,
@@ -87,6 +88,26 @@ class Prepared:
         )
 
 
+@dataclass(frozen=True)
+class NextCall:
+    """The run's next call, its command made while the answer of the call before it is
+    being settled (:meth:`Settler.conclude_chained`)."""
+
+    step_id: str
+    command: Any
+    command_key: str
+    deadline_seconds: int
+
+
+@dataclass(frozen=True)
+class Chained:
+    """The run's next call, leased to this dispatcher and prepared by the statement that
+    settled the call before it: to be sent as after any prepare."""
+
+    claimed: Claimed
+    prepared: Prepared
+
+
 class Settler:
     """Every write the dispatcher makes to a step it holds."""
 
@@ -104,6 +125,9 @@ class Settler:
         self._sleep = sleep
         self.steps_done_inline = 0
         """Local steps recorded by a settling statement instead of being claimed."""
+        self.calls_chained = 0
+        """Calls prepared by the statement that settled the call before them, instead of
+        being claimed."""
 
     async def _report_lost(self, conn: asyncpg.Connection, claimed: Claimed) -> None:
         """Say in one line why a lease could not be used; nothing is written either way."""
@@ -192,8 +216,12 @@ class Settler:
             )
 
         outcome, _ = await self._transition(claimed, write)
+        self._concluded(claimed, settlement, outcome)
+        return outcome
+
+    def _concluded(self, claimed: Claimed, settlement: Settlement, outcome: Transition) -> None:
         if not outcome.moved:
-            return outcome
+            return
         if outcome is Transition.WRITTEN and settlement.way is not None:
             self.steps_done_inline += len(settlement.way.passed)
         if log.isEnabledFor(logging.INFO):
@@ -203,7 +231,84 @@ class Settler:
                 claimed.step_id,
                 settlement.describe(outcome),
             )
-        return outcome
+
+    async def conclude_chained(
+        self, claimed: Claimed, settlement: Settlement, following: NextCall, lease_seconds: float
+    ) -> Chained | None:
+        """:meth:`conclude`, and when the run goes on to ``following`` (its next step, a
+        call), lease that call for ``lease_seconds`` and prepare it with its command, in the
+        same statement (``step_settle_chain``); retried while the database is away. Answers
+        the prepared call, to be sent next, or ``None`` when the settle did not go on to it
+        (a cancel, the execution hold, a lost lease ...): the call is then as
+        :meth:`conclude` would have left it, due for a claim.
+
+        A retry that finds the step settled already means an earlier attempt committed
+        without its answer arriving. Whatever that attempt prepared was never sent: it is
+        given back, ready again with its command and key, for a claim. (The call's lease can
+        only be this one's: the step before it was leased to this dispatcher until it was
+        settled, and a lease outlasts the retries.)
+        """
+        settle = settlement.arguments(
+            self.keyring, self.store.runtime.config.namespace, claimed.run_id
+        )
+        sealed = seal_json(
+            self.keyring,
+            self.store.runtime.config.namespace,
+            claimed.run_id,
+            "command",
+            following.command,
+        )
+        attempts = 0
+
+        async def write(conn: asyncpg.Connection) -> DispatcherStepSettleChainRow | None:
+            nonlocal attempts
+            attempts += 1
+            return await self.store.queries.dispatcher_step_settle_chain(
+                conn,
+                run_id=claimed.run_id,
+                step_id=claimed.step_id,
+                owner=self.owner,
+                settle=settle,
+                lease_seconds=lease_seconds,
+                key_version=sealed.key_version,
+                nonce=sealed.nonce,
+                ciphertext=sealed.ciphertext,
+                command_key=following.command_key,
+                deadline_seconds=following.deadline_seconds,
+            )
+
+        outcome, row = await self._transition(claimed, write)
+        self._concluded(claimed, settlement, outcome)
+        way = settlement.way
+        assert way is not None and way.next_step == following.step_id
+        chained = Claimed(
+            run_id=claimed.run_id,
+            step_id=following.step_id,
+            seq=claimed.seq + len(way.passed) + 1,
+            step_type="call",
+            state=StepState.PREPARED,
+            attempts=1,
+            command_payload_id=None,
+            command_key=following.command_key,
+            past_deadline=False,
+            lease_epoch=row.lease_epoch,
+            now=row.now,
+        )
+        if not row.chained:
+            if outcome is Transition.ALREADY_SETTLED and attempts > 1:
+                await self.unprepare(chained)
+            return None
+        self.calls_chained += 1
+        log.info(
+            "run %s step %s: prepared as %s settled",
+            claimed.run_id,
+            chained.step_id,
+            claimed.step_id,
+        )
+        prepared = Prepared(
+            attempts=1, first_of_run=False, since_admission=0.0, deadline_in=row.deadline_in
+        )
+        return Chained(chained, prepared)
 
     @property
     def retrying_after_seconds(self) -> int:

@@ -305,6 +305,18 @@ class DispatcherStepSettleRow:
 
 
 @dataclass(frozen=True, slots=True)
+class DispatcherStepSettleChainRow:
+    """A row of ``dispatcher_step_settle_chain``."""
+
+    outcome: str
+    run_state: str | None
+    chained: bool
+    lease_epoch: int | None
+    now: datetime | None
+    deadline_in: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class DispatcherStepUncertainRow:
     """A row of ``dispatcher_step_uncertain``."""
 
@@ -1312,6 +1324,44 @@ class Statements(Queries):
             settle,
         )
         return None if record is None else DispatcherStepSettleRow(*record)
+
+    async def dispatcher_step_settle_chain(
+        self,
+        conn: Connection,
+        *,
+        run_id: str,
+        step_id: str,
+        owner: str,
+        settle: SettleArgs,
+        lease_seconds: float,
+        key_version: int,
+        nonce: bytes,
+        ciphertext: bytes,
+        command_key: str,
+        deadline_seconds: int,
+    ) -> DispatcherStepSettleChainRow | None:
+        """Settle a step leased to owner as dispatcher_step_settle does and, when that moved the
+        run on to its next call, lease that call to owner for lease_seconds and prepare it
+        with the sealed command (key_version, nonce, ciphertext) under command_key with
+        deadline_seconds, so that the dispatcher sends it without a claim or a prepare. One
+        call of step_settle_chain in transitions.sql, which says when it prepares; always one
+        row. ``settle``: how the step ends and where its run goes. ``lease_seconds``: how long
+        the next call's lease lasts. ``deadline_seconds``: the next call's deadlineSeconds.
+        """
+        record: Record | None = await conn.fetchrow(
+            self["dispatcher_step_settle_chain"],
+            run_id,
+            step_id,
+            owner,
+            settle,
+            lease_seconds,
+            key_version,
+            nonce,
+            ciphertext,
+            command_key,
+            deadline_seconds,
+        )
+        return None if record is None else DispatcherStepSettleChainRow(*record)
 
     async def dispatcher_step_uncertain(
         self,

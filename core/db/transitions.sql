@@ -777,6 +777,72 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
         END
     $$;
 
+-- A call's settle that goes on to the run's next call itself (issue 43): step_settle as
+-- p_settle says and then, when that wrote the step's end ('written') and made p_settle's
+-- next step, a call, due, that step is leased to p_owner for p_lease_seconds in the current
+-- hold epoch and prepared with the command the caller sealed (p_key_version, p_nonce,
+-- p_ciphertext) under p_command_key, with its deadline p_deadline_seconds away: the state a
+-- claim and step_prepare would have left it in, one transaction and no notification later.
+-- The caller sends that command next, as after any prepare. Nothing is prepared when the
+-- settle wrote anything else (a cancel, an ended run, a lost lease ...), or the execution
+-- hold is set (read here, after step_settle locked the run and the step): the next step is
+-- then as step_settle left it, ready and due for a claim.
+-- Answers step_settle's outcome and run state, and chained: whether the next call was
+-- prepared, with its lease's epoch, the namespace's clock and how many seconds are left
+-- until its deadline.
+CREATE OR REPLACE FUNCTION {{ns}}.step_settle_chain(
+    p_run text, p_step text, p_owner text, p_settle {{ns}}.settle_args,
+    p_lease_seconds float8, p_key_version integer, p_nonce bytea, p_ciphertext bytea,
+    p_command_key text, p_deadline_seconds integer,
+    OUT outcome text, OUT run_state text, OUT chained boolean, OUT lease_epoch bigint,
+    OUT now timestamptz, OUT deadline_in float8)
+    LANGUAGE plpgsql SECURITY INVOKER
+    SET search_path = pg_catalog, pg_temp
+    AS $$
+        DECLARE
+            h record;
+            v_payload bigint;
+        BEGIN
+            SELECT x.outcome, x.run_state INTO outcome, run_state
+              FROM {{ns}}.step_settle(p_run, p_step, p_owner, p_settle) x;
+            chained := false;
+            IF outcome <> 'written' OR p_settle.next_step IS NULL
+               OR p_settle.next_type IS DISTINCT FROM 'call' THEN
+                RETURN;
+            END IF;
+            SELECT x.epoch, x.execution_hold INTO h FROM {{ns}}.hold x;
+            IF h.execution_hold THEN
+                RETURN;
+            END IF;
+            INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce,
+                                        ciphertext)
+            VALUES (p_run, p_settle.next_step, 'command', p_key_version, p_nonce, p_ciphertext)
+            RETURNING id INTO v_payload;
+            -- (step_settle made the step in this transaction: ready, unleased, due now)
+            UPDATE {{ns}}.step s
+               SET state = 'prepared',
+                   command_payload_id = v_payload,
+                   command_key = p_command_key,
+                   prepared_at = {{ns}}.now(),
+                   first_attempt_at = {{ns}}.now(),
+                   deadline_at = {{ns}}.now() + make_interval(secs => p_deadline_seconds),
+                   attempts = 1,
+                   lease_owner = p_owner,
+                   lease_expires_at = {{ns}}.now() + make_interval(secs => p_lease_seconds),
+                   lease_epoch = h.epoch,
+                   updated_at = {{ns}}.now()
+             WHERE s.run_id = p_run AND s.step_id = p_settle.next_step
+               AND s.state = 'ready' AND s.lease_owner IS NULL
+            RETURNING extract(epoch FROM s.deadline_at - {{ns}}.now())::float8 INTO deadline_in;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'step_settle_chain: the next step was not made due';
+            END IF;
+            chained := true;
+            lease_epoch := h.epoch;
+            now := {{ns}}.now();
+        END
+    $$;
+
 -- Operator mode's step_leased: lock the run row, then step p_step's, and say whether the
 -- step is still version p_version (its xmin as text, read by the operator's action before
 -- it decided) and held by no dispatcher: verdict 'ours', or 'changed'. With 'ours' it also

@@ -9,6 +9,9 @@ call, a wait) due, or ends the run with the finish's outcome: one call takes a r
 product answer to its next piece of real work, with no claim, read or transaction for the
 steps between. The rows written are those the steps would have written on their own.
 
+When the first step that needs work is a call whose command can be made then, the
+dispatcher's settle prepares it too (``step_settle_chain``, :mod:`dispatcher.steps.call`).
+
 ``step_settle`` records them only where they would run: not for a step a cancel abandoned
 (nothing follows it), not under the execution hold (the first of them is made due and waits
 for the hold to end).

@@ -208,6 +208,13 @@ class TokenClient:
             assert self._token is not None
             return self._token
 
+    def cached(self) -> str | None:
+        """The cached access token while it is current; ``None`` when :meth:`token` would
+        have to ask the issuer."""
+        if self._token is not None and self._clock() < self._renew_at:
+            return self._token
+        return None
+
     def invalidate(self) -> None:
         """Forget the cached token (after a product's 401), so the next call fetches one."""
         self._token = None

@@ -70,6 +70,12 @@ class ConnectionTokens:
         """A current access token for ``connection``."""
         return await (await self.client(connection)).token()
 
+    def cached(self, connection: str) -> str | None:
+        """``connection``'s access token when one is cached and current, without asking
+        the issuer; ``None`` otherwise."""
+        found = self._clients.get(connection)
+        return None if found is None else found.cached()
+
     def invalidate(self, connection: str) -> None:
         """Forget ``connection``'s cached token (after a product answered 401)."""
         found = self._clients.get(connection)

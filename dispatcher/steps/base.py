@@ -15,6 +15,7 @@ from core.products.token_client import UNRECOGNISED, TokenUnavailable
 from core.products.tokens import ConnectionTokens
 from core.runtime import Store
 from core.states import SentNothing
+from dispatcher.claim import Claimed
 from dispatcher.crash_points import CrashPoints
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settings import DispatchSettings
@@ -30,11 +31,22 @@ SETTLING = "settling"
 """The answer is in and being recorded."""
 
 
+MAX_CHAINED_CALLS = 8
+"""At most this many calls one execution prepares while settling the call before each (a
+longer run of calls goes on through a claim, so one run never keeps a slot for long)."""
+
+
 @dataclass
 class Flight:
     """How far one step execution got; read by the dispatcher when it has to stop."""
 
     phase: str = WORKING
+    step: Claimed | None = None
+    """The call the execution went on to, prepared as the call before it was settled
+    (``None``: still the step it was started with). Its lease is the one the dispatcher
+    renews and gives back."""
+    chained: int = 0
+    """How many calls the execution has gone on to."""
 
 
 @dataclass(frozen=True)

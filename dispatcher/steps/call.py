@@ -31,6 +31,16 @@ again under the same key; it never maps anew. So does an operator's retry-same, 
 an uncertain (or not-sent) step ready again with its command and key kept: its effect stays
 ``unknown`` until an answer settles it (accepted sets it, uncertain keeps it).
 
+When the answer is accepted and the run goes on (through any local steps) to another call,
+the settle of this one prepares that call too (``step_settle_chain``): its command is made
+from the values the answer kept, and it is leased to this dispatcher and committed as
+prepared in the same transaction, then sent by the same execution — the state a claim and
+step 3 would have left it in, without their round trips. It happens only when nothing
+stands in the way: a token in hand (the settle never waits for the issuer), usable TLS
+trust, a command that can be made, no stop under way, no execution hold; otherwise the next
+call is made due and claimed as usual. One execution goes on like this for at most
+:data:`~dispatcher.steps.base.MAX_CHAINED_CALLS` calls.
+
 A cancel that committed before step 3 stops the command there (the step ends cancelled in
 the transaction that would have prepared it). An answer that arrives after a cancel is still
 the step's own outcome and is recorded as above, but leads nowhere: no next step, no
@@ -43,6 +53,7 @@ import dataclasses
 import logging
 import ssl
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from core import clock
@@ -51,7 +62,7 @@ from core.errors import CoordinatorError
 from core.execution.adapters import (
     AuthorizedRequest,
 )
-from core.execution.call import answered
+from core.execution.call import Built, answered
 from core.execution.classify import (
     ACCEPTED,
     LEASE_EXPIRED,
@@ -75,9 +86,12 @@ from core.workflow.model import CallStep
 from dispatcher.claim import Claimed
 from dispatcher.crash_points import AFTER_ANSWER, AFTER_PREPARE
 from dispatcher.run_view import Loaded, RunView
+from dispatcher.settle import NextCall, Prepared
 from dispatcher.steps.base import (
+    MAX_CHAINED_CALLS,
     SENDING,
     SETTLING,
+    WORKING,
     Flight,
     StepEnv,
     TokenWithheld,
@@ -154,7 +168,7 @@ async def execute(
         await env.settler.conclude(claimed, decision)
         return
     assert isinstance(decision, Send)
-    command, request, op = decision.built.command, decision.built.request, decision.built.operation
+    command = decision.built.command
     connection_type = at.workflow.connections[step.connection]
 
     try:
@@ -191,6 +205,24 @@ async def execute(
         # Lost lease, execution hold or cancel: send nothing (the settler wrote what
         # each of those calls for).
         return
+    await _send_prepared(
+        env, claimed, loaded.run, step, decision.built, token, tls, prepared, flight
+    )
+
+
+async def _send_prepared(
+    env: StepEnv,
+    claimed: Claimed,
+    run: RunView,
+    step: CallStep,
+    built: Built,
+    token: str,
+    tls: ssl.SSLContext | None,
+    prepared: Prepared,
+    flight: Flight,
+) -> None:
+    """Send a prepared command (steps 4 and 5 of the module docstring), unless the
+    dispatcher is stopping (then it is given back, ready: nothing left)."""
     if env.stopping():
         await env.settler.unprepare(claimed)
         return
@@ -198,6 +230,8 @@ async def execute(
         env.metrics.record_first_dispatch(prepared.since_admission)
 
     env.crash_points.reached(AFTER_PREPARE)
+    request, op = built.request, built.operation
+    connection_type = run.workflow.connections[step.connection]
     deadline_in = prepared.deadline_in
     result = await _send(
         env, request.authorized(token), step, deadline_in, tls, connection_type, flight
@@ -214,7 +248,73 @@ async def execute(
             )
     env.crash_points.reached(AFTER_ANSWER)
     flight.phase = SETTLING
-    await _record(env, claimed, loaded.run, step, op, result, prepared.attempts)
+    await _record(env, claimed, run, step, op, result, prepared.attempts, flight)
+
+
+@dataclass(frozen=True)
+class _Following:
+    """The run's next call, ready to be prepared as the call before it is settled."""
+
+    run: RunView
+    """The run as the next call sees it: with the settled call's output."""
+    step: CallStep
+    built: Built
+    token: str
+    tls: ssl.SSLContext | None
+    call: NextCall
+
+
+def _following_call(
+    env: StepEnv,
+    claimed: Claimed,
+    run: RunView,
+    step: CallStep,
+    settlement: Settlement,
+    flight: Flight,
+) -> _Following | None:
+    """The run's next step when the settle of ``step`` can prepare it too (issue 43): a call
+    whose command can be made now from the run's values and the output just kept, on a
+    connection with a current access token and usable TLS trust. ``None`` when anything is
+    missing or in doubt: the next step is then made due and claimed, and meets whatever it
+    is the usual way. Nothing here waits for the network."""
+    way = settlement.way
+    if (
+        way is None
+        or way.next_step is None
+        or way.next_kind != "call"
+        or flight.chained >= MAX_CHAINED_CALLS
+        or env.stopping()
+    ):
+        return None
+    following = run.workflow.step(way.next_step)
+    if not isinstance(following, CallStep):
+        return None
+    # Only a token in hand, and one the issuer has granted since it last refused: a fetch
+    # would hold the settle of the answer already known.
+    token = env.tokens.cached(following.connection)
+    if token is None or following.connection not in env.tokens.confirmed:
+        return None
+    try:
+        tls = env.calls.tls(following.connection)
+    except CoordinatorError:
+        return None
+    kept = settlement.keep.get("output")
+    scope = run.scope
+    if isinstance(kept, dict):
+        scope = dataclasses.replace(scope, steps={**scope.steps, step.id: kept})
+    key = command_key(env.admission_key, run.id, following.id)
+    now = claimed.now or clock.now()
+    decision = reached(following, Reached(run.workflow, scope, now, run.bindings, key=key))
+    if not isinstance(decision, Send):
+        return None
+    return _Following(
+        run=dataclasses.replace(run, scope=scope),
+        step=following,
+        built=decision.built,
+        token=token,
+        tls=tls,
+        call=NextCall(following.id, decision.built.command, key, following.deadline_seconds),
+    )
 
 
 async def _withheld(
@@ -249,6 +349,7 @@ async def _record(
     op: Operation,
     result: Classified,
     attempts: int,
+    flight: Flight,
 ) -> None:
     """Commit the classified answer and what follows from it, in one transaction."""
     if result.result == UNCERTAIN:
@@ -263,7 +364,29 @@ async def _record(
         log.info("call %s of run %s: %s (%s)", step.id, run.id, result.result, result.reason)
     settlement = answered(run.workflow, run.scope, step, op, result)
     if settlement is not None:
-        await env.settler.conclude(claimed, settlement)
+        following = _following_call(env, claimed, run, step, settlement, flight)
+        if following is None:
+            await env.settler.conclude(claimed, settlement)
+            return
+        chained = await env.settler.conclude_chained(
+            claimed, settlement, following.call, env.settings.lease_seconds
+        )
+        if chained is not None:
+            # The execution goes on to the next call: its lease is the one to keep now.
+            flight.step = chained.claimed
+            flight.chained += 1
+            flight.phase = WORKING
+            await _send_prepared(
+                env,
+                chained.claimed,
+                following.run,
+                following.step,
+                following.built,
+                following.token,
+                following.tls,
+                chained.prepared,
+                flight,
+            )
         return
 
     # A lost lease is logged by the settler, in one line that says whether a restore-hold

@@ -149,6 +149,26 @@ WORKFLOWS: dict[str, bytes] = {
             "lost": {"finish": {"outcome": "lost"}},
         },
     ),
+    # call, a choice on its value, then a second call sending that value: the second is
+    # prepared by the settle of the first (issue 43)
+    "notice-twice": _workflow(
+        "notice-twice",
+        ["sent-twice", "lost"],
+        "send",
+        {
+            "send": {"call": notice_call(), "next": "check"},
+            "check": {
+                "choose": [{"when": {"exists": "${steps.send.messageId}"}, "next": "again"}],
+                "otherwise": "lost",
+            },
+            "again": {
+                "call": notice_call("test-notice-again", "${steps.send.messageId}"),
+                "next": "sent-twice",
+            },
+            "sent-twice": {"finish": {"outcome": "sent-twice"}},
+            "lost": {"finish": {"outcome": "lost"}},
+        },
+    ),
     "route": _workflow(
         "route",
         ["a", "b-or-c", "other"],

@@ -16,8 +16,10 @@ import pytest
 from core.codes import Code
 from core.errors import CoordinatorError
 from devstack.postgres import DatabaseHandle
+from dispatcher.claim import Claimed
 from dispatcher.metrics import DispatchMetrics
 from dispatcher.settings import DispatchSettings
+from dispatcher.steps.base import Flight
 from tests.helpers.dispatching import (
     IN_PROCESS,
     LOOPBACK,
@@ -108,6 +110,72 @@ async def test_a_call_workflow_runs_to_succeeded_woken_by_a_notification(
     assert first_dispatches(dispatcher.metrics) == 1
     # The token asked for the connection's audience as its one resource.
     assert [claims["aud"] for claims in kit.issuer.issued] == [MESSAGING]
+
+
+async def test_a_call_after_a_call_is_prepared_by_the_first_ones_settle_and_sent_once(
+    kit: DispatchKit,
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-twice", {"applicantRef": "applicant-2"})
+    claims = 0
+    claim = dispatcher.claimer.claim
+
+    async def counted(limit: int) -> list[Claimed]:
+        nonlocal claims
+        found = await claim(limit)
+        claims += len(found)
+        return found
+
+    dispatcher.claimer.claim = counted  # type: ignore[method-assign]
+    # One claim, of the first call: its settle records the choose and prepares the second
+    # call, which the same execution sends and settles with the finish.
+    assert await dispatcher.run_once() == 4
+    assert claims == 1 and dispatcher.settler.calls_chained == 1
+    run = await kit.run(run_id)
+    assert (run["state"], run["outcome"], run["attention"]) == ("succeeded", "sent-twice", False)
+    assert await kit.step_ids(run_id) == ["send", "check", "again", "sent-twice"]
+    again = await kit.step(run_id, "again")
+    assert (again["state"], again["effect"], again["attempts"]) == ("completed", "accepted", 1)
+    assert again["command_key"] == kit.key(run_id, "again") and again["lease_owner"] is None
+    # Each command once, under its own key; the second carries the first's kept value.
+    stats = await kit.stats()
+    assert stats["processed"] == {kit.key(run_id): 1, kit.key(run_id, "again"): 1}
+    first, second = kit.messaging.messages
+    command = {
+        "template": "test-notice-again",
+        "recipientRef": first,
+        "parameters": {"run": run_id},
+    }
+    assert [post["body"] for post in product_posts(kit)][1] == command
+    assert await kit.payload(run_id, "again", "command") == command
+    assert await kit.payload(run_id, "again", "output") == {"messageId": second}
+
+
+async def test_a_call_after_a_call_is_claimed_when_the_token_is_not_in_hand(
+    kit: DispatchKit,
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-twice", {"applicantRef": "applicant-3"})
+    [claimed] = await dispatcher.claimer.claim(10)
+    # The first call's token is forgotten as soon as it is sent: the settle may not wait for
+    # the issuer, so the second call is made due for a claim instead.
+    exchange = dispatcher.env.http.exchange
+
+    async def forgetting(*args: Any, **kwargs: Any) -> Any:
+        answer = await exchange(*args, **kwargs)
+        dispatcher.env.tokens.invalidate("notices")
+        return answer
+
+    dispatcher.env.http.exchange = forgetting  # type: ignore[method-assign]
+    await dispatcher._execute(claimed, Flight())
+    assert dispatcher.settler.calls_chained == 0
+    again = await kit.step(run_id, "again")
+    assert (again["state"], again["lease_owner"], again["attempts"]) == ("ready", None, 0)
+    assert again["due_at"] is not None
+    dispatcher.env.http.exchange = exchange  # type: ignore[method-assign]
+    assert await dispatcher.run_once() == 2
+    assert (await kit.run(run_id))["outcome"] == "sent-twice"
+    assert (await kit.stats())["processed"] == {kit.key(run_id): 1, kit.key(run_id, "again"): 1}
 
 
 async def test_choose_takes_the_first_branch_that_holds(kit: DispatchKit) -> None:

@@ -178,6 +178,13 @@ TRANSITIONS: dict[str, tuple[QueryName, str, tuple[object, ...]]] = {
         (("completed", None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"],
           ["choose"], "notify", "call", None, None, None, None),),
     ),
+    "a settle that prepares the next call": (
+        "dispatcher_step_settle_chain",
+        "",
+        (("completed", None, ["wait-result"], [1], [NONCE], [b"x"], ["decide"],
+          ["choose"], "notify", "call", None, None, None, None),
+         30.0, 1, NONCE, b"x", "plan-probe-key", 3600),
+    ),
     "a settle that fails the run": (
         "dispatcher_step_settle",
         "",

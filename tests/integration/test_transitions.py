@@ -34,6 +34,7 @@ from core.states import Effect, RetryCause, SentNothing, StepState, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
 from dispatcher.engine import Dispatcher
+from dispatcher.settle import NextCall
 from tests.helpers.dispatching import DispatchKit, dispatch_kit
 
 pytestmark = pytest.mark.postgres
@@ -213,6 +214,96 @@ async def test_settle_held_makes_the_first_local_step_due_unexecuted(kit: Dispat
     assert ("send", "output") in await payloads(kit, claimed.run_id)
     assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
     assert dispatcher.settler.steps_done_inline == 0
+
+
+# ------------------------------------------------------------------- step_settle_chain
+
+# The run goes on to a call, "again", which the settle prepares when it can.
+ON_TO_A_CALL = Settlement.onward(
+    Onward((("check", "choose"),), "again", "call", None),
+    effect=Effect.ACCEPTED,
+    keep={"response": ANSWER, "output": ANSWER},
+)
+STRAIGHT_TO_A_CALL = Settlement.onward(Onward((), "again", "call", None))
+AGAIN = NextCall("again", COMMAND, "key-again", DEADLINE_SECONDS)
+
+
+async def test_settle_chain_prepares_the_next_call_under_the_settlers_lease(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    chained = await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0)
+    assert chained is not None
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False),
+        ("check", 2, "choose", "completed", None, False, False),
+        ("again", 3, "call", "prepared", None, True, True),
+    ]
+    row = await kit.step(claimed.run_id, "again")
+    # As a claim and step_prepare would have left it: leased in the current epoch, the
+    # command stored and keyed, the first attempt counted, the deadline running.
+    epoch = await kit.db.fetchval(f"SELECT epoch FROM {kit.ns}.hold")
+    assert (row["lease_owner"], row["lease_epoch"], row["attempts"], row["command_key"]) == (
+        dispatcher.owner,
+        epoch,
+        1,
+        "key-again",
+    )
+    assert row["lease_expires_at"] - row["prepared_at"] == timedelta(seconds=30)
+    assert row["deadline_at"] - row["first_attempt_at"] == timedelta(seconds=DEADLINE_SECONDS)
+    assert await kit.payload(claimed.run_id, "again", "command") == COMMAND
+    assert row["command_payload_id"] is not None
+    assert (chained.claimed.step_id, chained.claimed.seq, chained.claimed.state) == (
+        "again",
+        3,
+        "prepared",
+    )
+    assert (chained.claimed.lease_epoch, chained.prepared.attempts) == (epoch, 1)
+    assert chained.prepared.deadline_in == pytest.approx(DEADLINE_SECONDS, abs=1)
+    assert await run_row(kit, claimed.run_id) == ("running", None, None, None)
+    assert dispatcher.settler.calls_chained == 1
+    # The prepared call is the dispatcher's to settle like any other.
+    done = Settlement.onward(Onward((("kept", "finish"),), None, None, "kept"))
+    assert await dispatcher.settler.conclude(chained.claimed, done) is Transition.WRITTEN
+    assert (await kit.step(claimed.run_id, "again"))["state"] == "completed"
+    assert await run_row(kit, claimed.run_id) == ("succeeded", "kept", None, None)
+
+
+async def test_settle_chain_under_the_execution_hold_leaves_the_next_call_due(
+    kit: DispatchKit,
+) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = true")
+    chained = await dispatcher.settler.conclude_chained(claimed, STRAIGHT_TO_A_CALL, AGAIN, 30.0)
+    assert chained is None
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", None, False, False),
+        ("again", 2, "call", "ready", None, False, True),
+    ]
+    assert ("again", "command") not in await payloads(kit, claimed.run_id)
+    assert dispatcher.settler.calls_chained == 0
+
+
+async def test_settle_chain_of_an_abandoned_call_prepares_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
+    assert await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0) is None
+    assert await steps(kit, claimed.run_id) == [
+        ("send", 1, "call", "completed", "accepted", False, False)
+    ]
+    assert ("again", "command") not in await payloads(kit, claimed.run_id)
+    assert await run_row(kit, claimed.run_id) == ("cancelled", None, None, None)
+
+
+async def test_settle_chain_without_the_lease_writes_nothing(kit: DispatchKit) -> None:
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(
+        f"UPDATE {kit.ns}.step SET lease_owner = 'another-dispatcher' WHERE run_id = $1",
+        claimed.run_id,
+    )
+    before = await everything(kit, claimed.run_id)
+    assert await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0) is None
+    assert await everything(kit, claimed.run_id) == before
 
 
 async def test_settle_on_an_ended_run_records_the_step_alone(kit: DispatchKit) -> None:

@@ -428,6 +428,32 @@ SELECT outcome, run_state FROM {{ns}}.step_wait($1, $2, $3, $4, $5);
 SELECT outcome, attempts, first_of_run, since_admission, deadline_in
   FROM {{ns}}.step_prepare($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
+-- name: dispatcher_step_settle_chain
+-- Settle a step leased to owner as dispatcher_step_settle does and, when that moved the run
+-- on to its next call, lease that call to owner for lease_seconds and prepare it with the
+-- sealed command (key_version, nonce, ciphertext) under command_key with deadline_seconds,
+-- so that the dispatcher sends it without a claim or a prepare. One call of
+-- step_settle_chain in transitions.sql, which says when it prepares; always one row.
+-- $1 run_id (text)
+-- $2 step_id (text)
+-- $3 owner (text)
+-- $4 settle (settle_args): how the step ends and where its run goes
+-- $5 lease_seconds (float8): how long the next call's lease lasts
+-- $6 key_version (integer)
+-- $7 nonce (bytea)
+-- $8 ciphertext (bytea)
+-- $9 command_key (text)
+-- $10 deadline_seconds (integer): the next call's deadlineSeconds
+-- returns: row
+-- column outcome (text)
+-- column run_state (text, null)
+-- column chained (boolean)
+-- column lease_epoch (bigint, null)
+-- column now (timestamptz, null)
+-- column deadline_in (float8, null)
+SELECT outcome, run_state, chained, lease_epoch, now, deadline_in
+  FROM {{ns}}.step_settle_chain($1, $2, $3, $4::{{ns}}.settle_args, $5, $6, $7, $8, $9, $10);
+
 -- name: dispatcher_step_settle
 -- Settle a step leased to owner as settle says: it ends in its state with its effect (null
 -- keeps the present one), keeping the payloads given; the local steps passed are
