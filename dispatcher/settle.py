@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 import asyncpg
 
 from core.codes import Code
-from core.crypto import Keyring
+from core.crypto import Keyring, Sealed
 from core.db.statements import (
     DispatcherStepPrepareRow,
     DispatcherStepRetryRow,
@@ -90,11 +90,11 @@ class Prepared:
 
 @dataclass(frozen=True)
 class NextCall:
-    """The run's next call, its command made while the answer of the call before it is
-    being settled (:meth:`Settler.conclude_chained`)."""
+    """The run's next call, its command made (and sealed for the step) while the answer of
+    the call before it is being settled (:meth:`Settler.conclude_chained`)."""
 
     step_id: str
-    command: Any
+    command: Sealed
     command_key: str
     deadline_seconds: int
 
@@ -251,13 +251,7 @@ class Settler:
         settle = settlement.arguments(
             self.keyring, self.store.runtime.config.namespace, claimed.run_id
         )
-        sealed = seal_json(
-            self.keyring,
-            self.store.runtime.config.namespace,
-            claimed.run_id,
-            "command",
-            following.command,
-        )
+        sealed = following.command
         attempts = 0
 
         async def write(conn: asyncpg.Connection) -> DispatcherStepSettleChainRow | None:

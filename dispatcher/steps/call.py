@@ -78,6 +78,7 @@ from core.execution.classify import (
 )
 from core.execution.settlement import Failure, Settlement
 from core.execution.steps import Reached, Send, reached
+from core.payloads import seal_json
 from core.products.http import UNREADABLE_ANSWER, ExchangeFailure, retry_after_seconds
 from core.products.token_client import UNRECOGNISED
 from core.states import SentNothing, StepState
@@ -276,7 +277,28 @@ def _following_call(
     whose command can be made now from the run's values and the output just kept, on a
     connection with a current access token and usable TLS trust. ``None`` when anything is
     missing or in doubt: the next step is then made due and claimed, and meets whatever it
-    is the usual way. Nothing here waits for the network."""
+    is the usual way. Nothing here waits for the network, and nothing that goes wrong here
+    may keep the answer in hand from being recorded: it only means no chain."""
+    try:
+        return _make_following(env, claimed, run, step, settlement, flight)
+    except Exception as exc:  # the claimed call meets it again, the usual way
+        log.warning(
+            "run %s: the call after %s was not prepared with its settle (%s); it is claimed",
+            run.id,
+            step.id,
+            type(exc).__name__,
+        )
+        return None
+
+
+def _make_following(
+    env: StepEnv,
+    claimed: Claimed,
+    run: RunView,
+    step: CallStep,
+    settlement: Settlement,
+    flight: Flight,
+) -> _Following | None:
     way = settlement.way
     if (
         way is None
@@ -294,10 +316,7 @@ def _following_call(
     token = env.tokens.cached(following.connection)
     if token is None or following.connection not in env.tokens.confirmed:
         return None
-    try:
-        tls = env.calls.tls(following.connection)
-    except CoordinatorError:
-        return None
+    tls = env.calls.tls(following.connection)
     kept = settlement.keep.get("output")
     scope = run.scope
     if isinstance(kept, dict):
@@ -307,13 +326,15 @@ def _following_call(
     decision = reached(following, Reached(run.workflow, scope, now, run.bindings, key=key))
     if not isinstance(decision, Send):
         return None
+    namespace = env.store.runtime.config.namespace
+    sealed = seal_json(env.keyring, namespace, run.id, "command", decision.built.command)
     return _Following(
         run=dataclasses.replace(run, scope=scope),
         step=following,
         built=decision.built,
         token=token,
         tls=tls,
-        call=NextCall(following.id, decision.built.command, key, following.deadline_seconds),
+        call=NextCall(following.id, sealed, key, following.deadline_seconds),
     )
 
 

@@ -178,6 +178,38 @@ async def test_a_call_after_a_call_is_claimed_when_the_token_is_not_in_hand(
     assert (await kit.stats())["processed"] == {kit.key(run_id): 1, kit.key(run_id, "again"): 1}
 
 
+async def test_a_next_call_that_cannot_be_made_with_the_settle_is_claimed_and_the_answer_kept(
+    kit: DispatchKit,
+) -> None:
+    dispatcher = await kit.dispatcher()
+    run_id = await kit.start("notice-twice", {"applicantRef": "applicant-4"})
+    trust = dispatcher.env.calls.tls
+    asked = 0
+
+    def second_fails(connection: str) -> Any:
+        nonlocal asked
+        asked += 1
+        if asked == 2:  # while the first call's answer is being settled
+            raise RuntimeError("the trust store could not be read")
+        return trust(connection)
+
+    dispatcher.env.calls.tls = second_fails  # type: ignore[method-assign]
+    # The first call's answer is recorded all the same; the second call is made due.
+    assert await dispatcher.run_once() == 2
+    send = await kit.step(run_id, "send")
+    assert (send["state"], send["effect"]) == ("completed", "accepted")
+    again = await kit.step(run_id, "again")
+    assert (again["state"], again["lease_owner"], again["due_at"] is not None) == (
+        "ready",
+        None,
+        True,
+    )
+    assert dispatcher.settler.calls_chained == 0
+    assert await dispatcher.run_once() == 2
+    assert (await kit.run(run_id))["outcome"] == "sent-twice"
+    assert (await kit.stats())["processed"] == {kit.key(run_id): 1, kit.key(run_id, "again"): 1}
+
+
 async def test_choose_takes_the_first_branch_that_holds(kit: DispatchKit) -> None:
     dispatcher = await kit.dispatcher()
     runs = {kind: await kit.start("route", {"kind": kind}) for kind in ("a", "c", "zzz")}

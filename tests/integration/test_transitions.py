@@ -30,6 +30,7 @@ import pytest
 from core.db.statements import SettleArgs
 from core.execution.onward import Onward
 from core.execution.settlement import Failure, Settlement
+from core.payloads import seal_json
 from core.states import Effect, RetryCause, SentNothing, StepState, Transition
 from devstack.postgres import DatabaseHandle
 from dispatcher.claim import Claimed
@@ -225,14 +226,22 @@ ON_TO_A_CALL = Settlement.onward(
     keep={"response": ANSWER, "output": ANSWER},
 )
 STRAIGHT_TO_A_CALL = Settlement.onward(Onward((), "again", "call", None))
-AGAIN = NextCall("again", COMMAND, "key-again", DEADLINE_SECONDS)
+
+
+def again(dispatcher: Dispatcher, claimed: Claimed) -> NextCall:
+    """The call "again", its command sealed for the claimed step's run."""
+    namespace = dispatcher.store.runtime.config.namespace
+    sealed = seal_json(dispatcher.settler.keyring, namespace, claimed.run_id, "command", COMMAND)
+    return NextCall("again", sealed, "key-again", DEADLINE_SECONDS)
 
 
 async def test_settle_chain_prepares_the_next_call_under_the_settlers_lease(
     kit: DispatchKit,
 ) -> None:
     dispatcher, claimed = await claimed_call(kit)
-    chained = await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0)
+    chained = await dispatcher.settler.conclude_chained(
+        claimed, ON_TO_A_CALL, again(dispatcher, claimed), 30.0
+    )
     assert chained is not None
     assert await steps(kit, claimed.run_id) == [
         ("send", 1, "call", "completed", "accepted", False, False),
@@ -274,7 +283,9 @@ async def test_settle_chain_under_the_execution_hold_leaves_the_next_call_due(
 ) -> None:
     dispatcher, claimed = await claimed_call(kit)
     await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = true")
-    chained = await dispatcher.settler.conclude_chained(claimed, STRAIGHT_TO_A_CALL, AGAIN, 30.0)
+    chained = await dispatcher.settler.conclude_chained(
+        claimed, STRAIGHT_TO_A_CALL, again(dispatcher, claimed), 30.0
+    )
     assert chained is None
     assert await steps(kit, claimed.run_id) == [
         ("send", 1, "call", "completed", None, False, False),
@@ -287,7 +298,12 @@ async def test_settle_chain_under_the_execution_hold_leaves_the_next_call_due(
 async def test_settle_chain_of_an_abandoned_call_prepares_nothing(kit: DispatchKit) -> None:
     dispatcher, claimed = await claimed_call(kit)
     await kit.db.execute(f"UPDATE {kit.ns}.run SET cancelling = true WHERE id = $1", claimed.run_id)
-    assert await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0) is None
+    assert (
+        await dispatcher.settler.conclude_chained(
+            claimed, ON_TO_A_CALL, again(dispatcher, claimed), 30.0
+        )
+        is None
+    )
     assert await steps(kit, claimed.run_id) == [
         ("send", 1, "call", "completed", "accepted", False, False)
     ]
@@ -302,7 +318,12 @@ async def test_settle_chain_without_the_lease_writes_nothing(kit: DispatchKit) -
         claimed.run_id,
     )
     before = await everything(kit, claimed.run_id)
-    assert await dispatcher.settler.conclude_chained(claimed, ON_TO_A_CALL, AGAIN, 30.0) is None
+    assert (
+        await dispatcher.settler.conclude_chained(
+            claimed, ON_TO_A_CALL, again(dispatcher, claimed), 30.0
+        )
+        is None
+    )
     assert await everything(kit, claimed.run_id) == before
 
 
