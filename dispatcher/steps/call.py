@@ -279,26 +279,6 @@ def _following_call(
     missing or in doubt: the next step is then made due and claimed, and meets whatever it
     is the usual way. Nothing here waits for the network, and nothing that goes wrong here
     may keep the answer in hand from being recorded: it only means no chain."""
-    try:
-        return _make_following(env, claimed, run, step, settlement, flight)
-    except Exception as exc:  # the claimed call meets it again, the usual way
-        log.warning(
-            "run %s: the call after %s was not prepared with its settle (%s); it is claimed",
-            run.id,
-            step.id,
-            type(exc).__name__,
-        )
-        return None
-
-
-def _make_following(
-    env: StepEnv,
-    claimed: Claimed,
-    run: RunView,
-    step: CallStep,
-    settlement: Settlement,
-    flight: Flight,
-) -> _Following | None:
     way = settlement.way
     if (
         way is None
@@ -316,18 +296,27 @@ def _make_following(
     token = env.tokens.cached(following.connection)
     if token is None or following.connection not in env.tokens.confirmed:
         return None
-    tls = env.calls.tls(following.connection)
-    kept = settlement.keep.get("output")
-    scope = run.scope
-    if isinstance(kept, dict):
-        scope = dataclasses.replace(scope, steps={**scope.steps, step.id: kept})
-    key = command_key(env.admission_key, run.id, following.id)
-    now = claimed.now or clock.now()
-    decision = reached(following, Reached(run.workflow, scope, now, run.bindings, key=key))
-    if not isinstance(decision, Send):
+    try:
+        tls = env.calls.tls(following.connection)
+        kept = settlement.keep.get("output")
+        scope = run.scope
+        if isinstance(kept, dict):
+            scope = dataclasses.replace(scope, steps={**scope.steps, step.id: kept})
+        key = command_key(env.admission_key, run.id, following.id)
+        now = claimed.now or clock.now()
+        decision = reached(following, Reached(run.workflow, scope, now, run.bindings, key=key))
+        if not isinstance(decision, Send):
+            return None
+        namespace = env.store.runtime.config.namespace
+        sealed = seal_json(env.keyring, namespace, run.id, "command", decision.built.command)
+    except Exception as exc:  # the claimed call meets it again, the usual way
+        log.warning(
+            "run %s: the call after %s was not prepared with its settle (%s); it is claimed",
+            run.id,
+            step.id,
+            type(exc).__name__,
+        )
         return None
-    namespace = env.store.runtime.config.namespace
-    sealed = seal_json(env.keyring, namespace, run.id, "command", decision.built.command)
     return _Following(
         run=dataclasses.replace(run, scope=scope),
         step=following,
