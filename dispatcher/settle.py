@@ -237,10 +237,10 @@ class Settler:
     ) -> Chained | None:
         """:meth:`conclude`, and when the run goes on to ``following`` (its next step, a
         call), lease that call for ``lease_seconds`` and prepare it with its command, in the
-        same statement (``step_settle_chain``); retried while the database is away. Answers
-        the prepared call, to be sent next, or ``None`` when the settle did not go on to it
-        (a cancel, the execution hold, a lost lease ...): the call is then as
-        :meth:`conclude` would have left it, due for a claim.
+        same statement (``step_settle`` given the call's arguments); retried while the
+        database is away. Answers the prepared call, to be sent next, or ``None`` when the
+        settle did not go on to it (a cancel, the execution hold, a lost lease ...): the call
+        is then as :meth:`conclude` would have left it, due for a claim.
 
         A retry that finds the step settled already means an earlier attempt committed
         without its answer arriving. Whatever that attempt prepared was never sent: it is

@@ -1344,9 +1344,9 @@ class Statements(Queries):
         run on to its next call, lease that call to owner for lease_seconds and prepare it
         with the sealed command (key_version, nonce, ciphertext) under command_key with
         deadline_seconds, so that the dispatcher sends it without a claim or a prepare. One
-        call of step_settle_chain in transitions.sql, which says when it prepares; always one
-        row. ``settle``: how the step ends and where its run goes. ``lease_seconds``: how long
-        the next call's lease lasts. ``deadline_seconds``: the next call's deadlineSeconds.
+        call of step_settle in transitions.sql, which says when it prepares; always one row.
+        ``settle``: how the step ends and where its run goes. ``lease_seconds``: how long the
+        next call's lease lasts. ``deadline_seconds``: the next call's deadlineSeconds.
         """
         record: Record | None = await conn.fetchrow(
             self["dispatcher_step_settle_chain"],

@@ -157,6 +157,11 @@ DROP FUNCTION IF EXISTS {{ns}}.step_record_read(
     text[], text[], text, text, text, text);
 -- The signature before a retry recorded what its attempt met (issue 41, retries in sight).
 DROP FUNCTION IF EXISTS {{ns}}.step_retry(text, text, text, float8, text);
+-- Before a call's settle could prepare the run's next call itself (issue 43), a function of
+-- its own did that around step_settle.
+DROP FUNCTION IF EXISTS {{ns}}.step_settle(text, text, text, {{ns}}.settle_args);
+DROP FUNCTION IF EXISTS {{ns}}.step_settle_chain(
+    text, text, text, {{ns}}.settle_args, float8, integer, bytea, bytea, text, integer);
 
 -- Whether a cancel abandoned step number p_seq of a run: the run is cancelling (p_cancelling)
 -- and the step comes before the onCancel path, which starts at step number p_cancel_seq (null:
@@ -663,20 +668,39 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_record_read(
 --   naming p_step. A run on its onCancel path ends cancelled instead, keeping the outcome
 --   and no failure.
 --
+-- A call's settle may go on to the run's next call itself (issue 43, chained calls): with
+-- p_command_key given, when the settle is 'written', makes p_settle's next step and that
+-- step is a call, and the execution hold is not set (read after the run and the step are
+-- locked), the next step is made already leased to p_owner for p_lease_seconds in the
+-- current hold epoch and prepared with the command the caller sealed (p_key_version,
+-- p_nonce, p_ciphertext) under p_command_key, its deadline p_deadline_seconds away: the
+-- state a claim and step_prepare would have left it in, in this transaction, with no
+-- notification of due work. The caller sends that command next, as after any prepare.
+-- Otherwise the next step is made ready and due, as without these arguments.
+--
 -- Answers the outcome (see the file header) and the run's state when this ended it or
--- moved it on. Every case besides 'written' writes exactly what its outcome says.
+-- moved it on. Every case besides 'written' writes exactly what its outcome says. With
+-- chained true, also the next call's lease epoch, the namespace's clock and how many
+-- seconds are left until its deadline.
 CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
     p_run text, p_step text, p_owner text, p_settle {{ns}}.settle_args,
-    OUT outcome text, OUT run_state text)
+    p_lease_seconds float8 DEFAULT NULL, p_key_version integer DEFAULT NULL,
+    p_nonce bytea DEFAULT NULL, p_ciphertext bytea DEFAULT NULL,
+    p_command_key text DEFAULT NULL, p_deadline_seconds integer DEFAULT NULL,
+    OUT outcome text, OUT run_state text, OUT chained boolean, OUT lease_epoch bigint,
+    OUT now timestamptz, OUT deadline_in float8)
     LANGUAGE plpgsql SECURITY INVOKER
     SET search_path = pg_catalog, pg_temp
     AS $$
         DECLARE
             l record;
+            h record;
             v_state text := p_settle.state;
             v_keep boolean := true;
             v_passed integer := coalesce(cardinality(p_settle.passed_ids), 0);
+            v_payload bigint;
         BEGIN
+            chained := false;
             SELECT * INTO l FROM {{ns}}.step_leased(p_run, p_step, p_owner);
             IF l.verdict <> 'ours' THEN
                 outcome := l.verdict;
@@ -750,10 +774,36 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                   FROM unnest(p_settle.passed_ids, p_settle.passed_types)
                        WITH ORDINALITY AS x(step_id, step_type, n);
             END IF;
-            IF p_settle.next_step IS NOT NULL THEN
+            IF p_settle.next_step IS NOT NULL AND p_command_key IS NOT NULL
+               AND p_settle.next_type = 'call' THEN
+                SELECT x.epoch, x.execution_hold INTO h FROM {{ns}}.hold x;
+                chained := NOT h.execution_hold;
+            END IF;
+            IF chained THEN
+                -- the payload first: the step names it
+                INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce,
+                                            ciphertext)
+                VALUES (p_run, p_settle.next_step, 'command', p_key_version, p_nonce,
+                        p_ciphertext)
+                RETURNING id INTO v_payload;
+                INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at,
+                                         command_payload_id, command_key, prepared_at,
+                                         first_attempt_at, deadline_at, attempts,
+                                         lease_owner, lease_expires_at, lease_epoch)
+                VALUES (p_run, p_settle.next_step, l.seq + v_passed + 1, 'call', 'prepared',
+                        {{ns}}.now(), v_payload, p_command_key, {{ns}}.now(), {{ns}}.now(),
+                        {{ns}}.now() + make_interval(secs => p_deadline_seconds), 1,
+                        p_owner, {{ns}}.now() + make_interval(secs => p_lease_seconds),
+                        h.epoch);
+                lease_epoch := h.epoch;
+                now := {{ns}}.now();
+                deadline_in := p_deadline_seconds;
+            ELSIF p_settle.next_step IS NOT NULL THEN
                 INSERT INTO {{ns}}.step (run_id, step_id, seq, step_type, state, due_at)
                 VALUES (p_run, p_settle.next_step, l.seq + v_passed + 1, p_settle.next_type,
                         'ready', {{ns}}.now());
+            END IF;
+            IF p_settle.next_step IS NOT NULL THEN
                 UPDATE {{ns}}.run
                    SET state = 'running', updated_at = {{ns}}.now()
                  WHERE id = p_run;
@@ -774,72 +824,6 @@ CREATE OR REPLACE FUNCTION {{ns}}.step_settle(
                  WHERE id = p_run
                 RETURNING state INTO run_state;
             END IF;
-        END
-    $$;
-
--- A call's settle that goes on to the run's next call itself (issue 43): step_settle as
--- p_settle says and then, when that wrote the step's end ('written') and made p_settle's
--- next step, a call, due, that step is leased to p_owner for p_lease_seconds in the current
--- hold epoch and prepared with the command the caller sealed (p_key_version, p_nonce,
--- p_ciphertext) under p_command_key, with its deadline p_deadline_seconds away: the state a
--- claim and step_prepare would have left it in, one transaction and no notification later.
--- The caller sends that command next, as after any prepare. Nothing is prepared when the
--- settle wrote anything else (a cancel, an ended run, a lost lease ...), or the execution
--- hold is set (read here, after step_settle locked the run and the step): the next step is
--- then as step_settle left it, ready and due for a claim.
--- Answers step_settle's outcome and run state, and chained: whether the next call was
--- prepared, with its lease's epoch, the namespace's clock and how many seconds are left
--- until its deadline.
-CREATE OR REPLACE FUNCTION {{ns}}.step_settle_chain(
-    p_run text, p_step text, p_owner text, p_settle {{ns}}.settle_args,
-    p_lease_seconds float8, p_key_version integer, p_nonce bytea, p_ciphertext bytea,
-    p_command_key text, p_deadline_seconds integer,
-    OUT outcome text, OUT run_state text, OUT chained boolean, OUT lease_epoch bigint,
-    OUT now timestamptz, OUT deadline_in float8)
-    LANGUAGE plpgsql SECURITY INVOKER
-    SET search_path = pg_catalog, pg_temp
-    AS $$
-        DECLARE
-            h record;
-            v_payload bigint;
-        BEGIN
-            SELECT x.outcome, x.run_state INTO outcome, run_state
-              FROM {{ns}}.step_settle(p_run, p_step, p_owner, p_settle) x;
-            chained := false;
-            IF outcome <> 'written' OR p_settle.next_step IS NULL
-               OR p_settle.next_type IS DISTINCT FROM 'call' THEN
-                RETURN;
-            END IF;
-            SELECT x.epoch, x.execution_hold INTO h FROM {{ns}}.hold x;
-            IF h.execution_hold THEN
-                RETURN;
-            END IF;
-            INSERT INTO {{ns}}.payload (run_id, step_id, purpose, key_version, nonce,
-                                        ciphertext)
-            VALUES (p_run, p_settle.next_step, 'command', p_key_version, p_nonce, p_ciphertext)
-            RETURNING id INTO v_payload;
-            -- (step_settle made the step in this transaction: ready, unleased, due now)
-            UPDATE {{ns}}.step s
-               SET state = 'prepared',
-                   command_payload_id = v_payload,
-                   command_key = p_command_key,
-                   prepared_at = {{ns}}.now(),
-                   first_attempt_at = {{ns}}.now(),
-                   deadline_at = {{ns}}.now() + make_interval(secs => p_deadline_seconds),
-                   attempts = 1,
-                   lease_owner = p_owner,
-                   lease_expires_at = {{ns}}.now() + make_interval(secs => p_lease_seconds),
-                   lease_epoch = h.epoch,
-                   updated_at = {{ns}}.now()
-             WHERE s.run_id = p_run AND s.step_id = p_settle.next_step
-               AND s.state = 'ready' AND s.lease_owner IS NULL
-            RETURNING extract(epoch FROM s.deadline_at - {{ns}}.now())::float8 INTO deadline_in;
-            IF NOT FOUND THEN
-                RAISE EXCEPTION 'step_settle_chain: the next step was not made due';
-            END IF;
-            chained := true;
-            lease_epoch := h.epoch;
-            now := {{ns}}.now();
         END
     $$;
 

@@ -10,7 +10,8 @@ product answer to its next piece of real work, with no claim, read or transactio
 steps between. The rows written are those the steps would have written on their own.
 
 When the first step that needs work is a call whose command can be made then, the
-dispatcher's settle prepares it too (``step_settle_chain``, :mod:`dispatcher.steps.call`).
+dispatcher's settle prepares it too (``step_settle`` given the call's command,
+:mod:`dispatcher.steps.call`).
 
 ``step_settle`` records them only where they would run: not for a step a cancel abandoned
 (nothing follows it), not under the execution hold (the first of them is made due and waits

@@ -32,13 +32,14 @@ an uncertain (or not-sent) step ready again with its command and key kept: its e
 ``unknown`` until an answer settles it (accepted sets it, uncertain keeps it).
 
 When the answer is accepted and the run goes on (through any local steps) to another call,
-the settle of this one prepares that call too (``step_settle_chain``): its command is made
-from the values the answer kept, and it is leased to this dispatcher and committed as
-prepared in the same transaction, then sent by the same execution — the state a claim and
-step 3 would have left it in, without their round trips. It happens only when nothing
-stands in the way: a token in hand (the settle never waits for the issuer), usable TLS
-trust, a command that can be made, no stop under way, no execution hold; otherwise the next
-call is made due and claimed as usual. One execution goes on like this for at most
+the settle of this one prepares that call too (``step_settle`` given the next call): its
+command is made from the values the answer kept, and it is leased to this dispatcher and
+committed as prepared in the same transaction, then sent by the same execution — the state a
+claim and step 3 would have left it in, without their round trips (nor a notification of due
+work: the row is made prepared, never ready). It happens only when nothing stands in the
+way: a token in hand (the settle never waits for the issuer), usable TLS trust, a command
+that can be made, no stop under way, no execution hold; otherwise the next call is made due
+and claimed as usual. One execution goes on like this for at most
 :data:`~dispatcher.steps.base.MAX_CHAINED_CALLS` calls.
 
 A cancel that committed before step 3 stops the command there (the step ends cancelled in

@@ -138,18 +138,55 @@ async def test_apply_puts_the_transition_functions_of_its_release_in_place(
     checked = deployment.checked()
     await deploy.apply(checked, [])
     ns = f'"{deployment.namespace}"'
-    # An earlier release's step_settle, say: same arguments, another body.
+    # An earlier release's run_close_cancelled, say: same arguments, another body.
     await migrator.execute(
-        f"""CREATE OR REPLACE FUNCTION {ns}.step_settle(
-                p_run text, p_step text, p_owner text, p_settle {ns}.settle_args,
-                OUT outcome text, OUT run_state text)
-            LANGUAGE plpgsql AS $$ BEGIN outcome := 'written'; END $$"""
+        f"""CREATE OR REPLACE FUNCTION {ns}.run_close_cancelled(p_run text, p_step text)
+            RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN RETURN false; END $$"""
     )
     [found] = await drift(migrator, deployment.namespace)
-    assert found.startswith("function step_settle(p_run text,") and found.endswith(" differs")
+    assert found.startswith("function run_close_cancelled(p_run text,")
+    assert found.endswith(" differs")
 
     await deploy.apply(checked, [])
     assert await drift(migrator, deployment.namespace) == []
+
+
+async def test_apply_over_a_build_before_chained_settles_leaves_one_step_settle(
+    deployment: TestDeployment, migrator: asyncpg.Connection
+) -> None:
+    checked = deployment.checked()
+    await deploy.apply(checked, [])
+    ns = f'"{deployment.namespace}"'
+    # What an earlier build of this version left: step_settle without the next call's
+    # arguments, and step_settle_chain around it.
+    await migrator.execute(
+        f"""CREATE FUNCTION {ns}.step_settle(
+                p_run text, p_step text, p_owner text, p_settle {ns}.settle_args,
+                OUT outcome text, OUT run_state text)
+            LANGUAGE plpgsql AS $$ BEGIN outcome := 'written'; END $$;
+            CREATE FUNCTION {ns}.step_settle_chain(
+                p_run text, p_step text, p_owner text, p_settle {ns}.settle_args,
+                p_lease_seconds float8, p_key_version integer, p_nonce bytea,
+                p_ciphertext bytea, p_command_key text, p_deadline_seconds integer,
+                OUT outcome text)
+            LANGUAGE plpgsql AS $$ BEGIN outcome := 'written'; END $$"""
+    )
+    found = await drift(migrator, deployment.namespace)
+    assert [line.split("(")[0] for line in found] == [
+        "function step_settle",
+        "function step_settle_chain",
+    ]
+    assert all(line.endswith("is not part of version 4") for line in found)
+
+    await deploy.apply(checked, [])
+    assert await drift(migrator, deployment.namespace) == []
+    left = await migrator.fetch(
+        "SELECT p.proname, p.pronargs FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = $1 AND p.proname LIKE 'step_settle%'",
+        deployment.namespace,
+    )
+    assert [tuple(row) for row in left] == [("step_settle", 10)]
 
 
 # The transition functions as the release before settle_args (issue 39) installed them: the

@@ -20,7 +20,8 @@ action or another dispatcher would leave them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -217,7 +218,7 @@ async def test_settle_held_makes_the_first_local_step_due_unexecuted(kit: Dispat
     assert dispatcher.settler.steps_done_inline == 0
 
 
-# ------------------------------------------------------------------- step_settle_chain
+# ------------------------------------------------- step_settle given the next call
 
 # The run goes on to a call, "again", which the settle prepares when it can.
 ON_TO_A_CALL = Settlement.onward(
@@ -293,6 +294,57 @@ async def test_settle_chain_under_the_execution_hold_leaves_the_next_call_due(
     ]
     assert ("again", "command") not in await payloads(kit, claimed.run_id)
     assert dispatcher.settler.calls_chained == 0
+
+
+async def due_notices(kit: DispatchKit, act: Callable[[], Awaitable[object]]) -> int:
+    """How many notifications of due work the commits of ``act`` sent. A notice the test
+    sends after ``act`` marks where they end: listeners hear notices in commit order."""
+    channel = f"{kit.deployment.namespace}_due"
+    heard: list[str] = []
+    fenced = asyncio.Event()
+
+    def listen(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload == "fence":
+            fenced.set()
+        else:
+            heard.append(payload)
+
+    await kit.db.add_listener(channel, listen)
+    try:
+        await act()
+        await kit.db.execute("SELECT pg_notify($1, 'fence')", channel)
+        await asyncio.wait_for(fenced.wait(), timeout=10)
+    finally:
+        await kit.db.remove_listener(channel, listen)
+    return len(heard)
+
+
+async def test_a_chained_call_wakes_no_dispatcher_while_one_made_due_does(
+    kit: DispatchKit,
+) -> None:
+    # Made prepared, the next call is never due work: no notification, no claim for it.
+    dispatcher, claimed = await claimed_call(kit)
+    following = again(dispatcher, claimed)
+
+    async def chain() -> None:
+        assert await dispatcher.settler.conclude_chained(
+            claimed, STRAIGHT_TO_A_CALL, following, 30.0
+        )
+
+    assert await due_notices(kit, chain) == 0
+    # Under the execution hold the same settle makes the call ready and due: one notice.
+    dispatcher, claimed = await claimed_call(kit)
+    await kit.db.execute(f"UPDATE {kit.ns}.hold SET execution_hold = true")
+    following = again(dispatcher, claimed)
+
+    async def settle() -> None:
+        assert (
+            await dispatcher.settler.conclude_chained(claimed, STRAIGHT_TO_A_CALL, following, 30.0)
+            is None
+        )
+
+    assert await due_notices(kit, settle) == 1
+    assert (await kit.step(claimed.run_id, "again"))["state"] == "ready"
 
 
 async def test_settle_chain_of_an_abandoned_call_prepares_nothing(kit: DispatchKit) -> None:

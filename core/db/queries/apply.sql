@@ -67,7 +67,6 @@ BEGIN
     GRANT EXECUTE ON FUNCTION {{ns}}.step_leased, {{ns}}.run_close_cancelled,
                               {{ns}}.run_attention_recompute,
                               {{ns}}.step_settle, {{ns}}.step_prepare,
-                              {{ns}}.step_settle_chain,
                               {{ns}}.step_make_uncertain, {{ns}}.step_uncertain_write,
                               {{ns}}.step_lease_end, {{ns}}.step_end_cancelled,
                               {{ns}}.step_retry,

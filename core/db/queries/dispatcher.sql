@@ -432,8 +432,8 @@ SELECT outcome, attempts, first_of_run, since_admission, deadline_in
 -- Settle a step leased to owner as dispatcher_step_settle does and, when that moved the run
 -- on to its next call, lease that call to owner for lease_seconds and prepare it with the
 -- sealed command (key_version, nonce, ciphertext) under command_key with deadline_seconds,
--- so that the dispatcher sends it without a claim or a prepare. One call of
--- step_settle_chain in transitions.sql, which says when it prepares; always one row.
+-- so that the dispatcher sends it without a claim or a prepare. One call of step_settle
+-- in transitions.sql, which says when it prepares; always one row.
 -- $1 run_id (text)
 -- $2 step_id (text)
 -- $3 owner (text)
@@ -452,7 +452,7 @@ SELECT outcome, attempts, first_of_run, since_admission, deadline_in
 -- column now (timestamptz, null)
 -- column deadline_in (float8, null)
 SELECT outcome, run_state, chained, lease_epoch, now, deadline_in
-  FROM {{ns}}.step_settle_chain($1, $2, $3, $4::{{ns}}.settle_args, $5, $6, $7, $8, $9, $10);
+  FROM {{ns}}.step_settle($1, $2, $3, $4::{{ns}}.settle_args, $5, $6, $7, $8, $9, $10);
 
 -- name: dispatcher_step_settle
 -- Settle a step leased to owner as settle says: it ends in its state with its effect (null
