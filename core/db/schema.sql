@@ -421,8 +421,11 @@ CREATE INDEX step_due ON {{ns}}.step (due_at) WHERE due_at IS NOT NULL AND lease
 CREATE INDEX step_leased ON {{ns}}.step (lease_expires_at) WHERE lease_owner IS NOT NULL;
 -- doctor, restore-hold and retention: uncertain steps
 CREATE INDEX step_uncertain ON {{ns}}.step (run_id) WHERE state = 'uncertain';
--- list --step / --cause: the steps that need attention, by step and cause
-CREATE INDEX step_attention ON {{ns}}.step (step_id, cause, run_id)
+-- list --step / --cause, and the step each listed run needs attention for: the steps that
+-- need attention, by run. A list walks its runs in order and asks this index about each
+-- one (run first: with the step first, a plan made from statistics that saw no such step
+-- walked the whole index for every run of a page)
+CREATE INDEX step_attention ON {{ns}}.step (run_id, step_id, cause)
     WHERE {{ns}}.step_wants_attention(state, cause);
 -- doctor's retrying (every call waiting for its next automatic attempt), and the
 -- dispatcher's sweep for a series of retries that has come to ask for attention
