@@ -26,6 +26,7 @@ from cli.app import (
 )
 from cli.options import (
     CLIENT_ID_ENV,
+    OutputFormat,
     OutputOpt,
     RemoveOpt,
     RuntimeOpt,
@@ -468,8 +469,31 @@ def login(
 # ------------------------------------------------------------------------- database commands
 
 
-def _plan_document(entries: Any) -> dict[str, Any]:
-    return {"workflows": [entry.to_json() for entry in entries]}
+_PLAN_COLUMNS = ("id", "action", "activeDigest", "plannedDigest")
+
+
+def _planned(
+    ctx: typer.Context,
+    applying: bool,
+    remove_workflow: list[str] | None,
+    runtime_config: Path | None,
+    output: OutputFormat | None,
+) -> bool:
+    """``plan`` (or, ``applying``, ``apply``) for the runtime file, its entries printed;
+    answers whether they were printed as text."""
+    from core import deploy
+    from core.config.check import check_runtime_file
+
+    g = globals_of(ctx, runtime_config, output=output)
+    checked = check_runtime_file(need_runtime(g))
+    run = deploy.apply if applying else deploy.plan
+    entries = asyncio.run(run(checked, list(remove_workflow or [])))
+    document = {"workflows": [entry.to_json() for entry in entries]}
+    if g.output == "json":
+        render.emit_json(document)
+        return False
+    render.emit(document["workflows"], "text", columns=_PLAN_COLUMNS)
+    return True
 
 
 @app.command()
@@ -480,19 +504,7 @@ def plan(
     output: OutputOpt = None,
 ) -> None:
     """Say what apply would install, replace, leave unchanged or remove."""
-    from core.config.check import check_runtime_file
-    from core.deploy import plan as run_plan
-
-    g = globals_of(ctx, runtime_config, output=output)
-    checked = check_runtime_file(need_runtime(g))
-    entries = asyncio.run(run_plan(checked, list(remove_workflow or [])))
-    if g.output == "json":
-        render.emit_json(_plan_document(entries))
-    else:
-        render.emit(_plan_document(entries)["workflows"], "text", columns=_PLAN_COLUMNS)
-
-
-_PLAN_COLUMNS = ("id", "action", "activeDigest", "plannedDigest")
+    _planned(ctx, False, remove_workflow, runtime_config, output)
 
 
 @app.command()
@@ -503,16 +515,7 @@ def apply(
     output: OutputOpt = None,
 ) -> None:
     """Migrate the schema, grant roles and record the active packages."""
-    from core.config.check import check_runtime_file
-    from core.deploy import apply as run_apply
-
-    g = globals_of(ctx, runtime_config, output=output)
-    checked = check_runtime_file(need_runtime(g))
-    entries = asyncio.run(run_apply(checked, list(remove_workflow or [])))
-    if g.output == "json":
-        render.emit_json(_plan_document(entries))
-    else:
-        render.emit(_plan_document(entries)["workflows"], "text", columns=_PLAN_COLUMNS)
+    if _planned(ctx, True, remove_workflow, runtime_config, output):
         typer.echo("applied")
 
 
